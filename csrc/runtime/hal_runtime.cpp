@@ -1,0 +1,103 @@
+#include "runtime/hal_runtime.h"
+
+#include <c10/util/Exception.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace flagos::runtime {
+namespace {
+
+// Selection (loading the HAL, counting devices) is safe to repeat in a forked child; using it is not.
+struct Selection {
+  const hal::HalTable* table = nullptr;
+  std::string error;
+  c10::DeviceIndex devices = 0;
+};
+
+std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_bad_fork{false};
+
+void on_fork_child() {
+  if (g_initialized.load()) g_bad_fork.store(true);
+}
+
+const Selection& selection() noexcept {
+  // Leaked on purpose: HAL tables must outlive every static destructor that may free memory.
+  static const Selection* selected = [] {
+    auto* s = new Selection();
+    try {
+      s->table = hal::select_accelerator(&s->error);
+      if (s->table != nullptr) {
+        int count = 0;
+        flagos_status_t status = s->table->get_device_count(&count);
+        if (status != FLAGOS_SUCCESS) {
+          s->error = std::string("the ") + s->table->name + " accelerator cannot count its devices: " +
+                     s->table->get_error_string(status) + " (" + s->table->get_last_error_message() + ")";
+          s->table = nullptr;
+        } else {
+          s->devices = static_cast<c10::DeviceIndex>(count);
+        }
+      }
+    } catch (const std::exception& e) {
+      s->table = nullptr;
+      s->error = e.what();
+    }
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    return s;
+  }();
+  return *selected;
+}
+
+}  // namespace
+
+const hal::HalTable* hal_or_null() noexcept { return selection().table; }
+
+std::string accelerator_error() { return selection().error; }
+
+c10::DeviceIndex device_count() noexcept { return selection().table ? selection().devices : 0; }
+
+bool is_initialized() noexcept { return g_initialized.load(std::memory_order_relaxed); }
+
+bool in_bad_fork() noexcept { return g_bad_fork.load(std::memory_order_relaxed); }
+
+const hal::HalTable& hal() {
+  TORCH_CHECK(!in_bad_fork(),
+              "Cannot re-initialize flagos in forked subprocess. To use flagos with multiprocessing, "
+              "you must use the 'spawn' start method (multiprocessing.set_start_method('spawn')).");
+  const Selection& s = selection();
+  TORCH_CHECK(s.table != nullptr, "flagos accelerator unavailable: ", s.error);
+  TORCH_CHECK(s.devices > 0, "flagos accelerator '", s.table->name,
+              "' has no devices (for the simulated accelerator, FLAGOS_SIM_DEVICES must be at least 1)");
+  if (C10_UNLIKELY(!g_initialized.load(std::memory_order_relaxed))) g_initialized.store(true);
+  return *s.table;
+}
+
+void throw_hal_error(flagos_status_t status, const std::string& what) {
+  const hal::HalTable* table = hal_or_null();
+  std::string detail;
+  std::string name = "?";
+  if (table != nullptr) {
+    detail = table->get_error_string(status);
+    const char* last = table->get_last_error_message();
+    if (last != nullptr && last[0] != '\0') detail += std::string(" (") + last + ")";
+    name = table->name;
+  }
+  if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, what, " failed on the ", name, " accelerator: ", detail);
+  }
+  if (status == FLAGOS_ERROR_INVALID_DEVICE) {
+    TORCH_CHECK_INDEX(false, what, " failed on the ", name, " accelerator: ", detail);
+  }
+  TORCH_CHECK(false, what, " failed on the ", name, " accelerator: ", detail);
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  c10::DeviceIndex count = device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "invalid flagos device index ", static_cast<int>(index),
+                    ": ", static_cast<int>(count), " flagos device(s) available",
+                    count > 0 ? " (valid: 0.." + std::to_string(count - 1) + ")" : std::string(""));
+}
+
+}  // namespace flagos::runtime
