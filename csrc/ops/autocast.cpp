@@ -1,0 +1,38 @@
+// torch.autocast("flagos"): the same op policies torch applies to CUDA (lower precision for matmul-like
+// ops, fp32 for numerically sensitive ones, type promotion for mixed ops), registered for
+// AutocastPrivateUse1. Ops without a policy fall through to the next dispatch key.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+namespace flagos::ops {
+namespace {
+
+using at::Tensor;
+using at::autocast::CastPolicy;
+
+// The policy lists below name these types unqualified, as torch's own registration file does.
+using at::IntArrayRef;
+using at::Scalar;
+using at::ScalarType;
+using c10::optional;
+using std::string_view;
+using std::vector;
+using SymIntArrayRef = c10::SymIntArrayRef;
+
+#define FLAGOS_KERNEL_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define FLAGOS_KERNEL_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define FLAGOS_KERNEL_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define FLAGOS_KERNEL_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  AT_FORALL_LOWER_PRECISION_FP(FLAGOS_KERNEL_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(FLAGOS_KERNEL_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(FLAGOS_KERNEL_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(FLAGOS_KERNEL_PROMOTE)
+}
+
+}  // namespace
+}  // namespace flagos::ops

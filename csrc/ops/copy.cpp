@@ -1,0 +1,145 @@
+#include "ops/copy.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <torch/library.h>
+
+#include "runtime/hal_runtime.h"
+#include "runtime/host_allocator.h"
+#include "runtime/stream.h"
+
+namespace flagos::ops {
+namespace {
+
+using runtime::check_hal;
+using runtime::current_stream;
+using runtime::hal;
+using runtime::hal_stream;
+
+bool is_flagos(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// Same dtype and the same dense memory layout: the copy is one contiguous block of bytes.
+bool same_dense_layout(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.dtype() != dst.dtype() || src.sizes() != dst.sizes()) return false;
+  if (!src.is_non_overlapping_and_dense() || !dst.is_non_overlapping_and_dense()) return false;
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    if (dst.size(d) > 1 && src.stride(d) != dst.stride(d)) return false;
+  }
+  return true;
+}
+
+// Bytes of storage a tensor's elements span, from its first element on (strides are non-negative).
+size_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return static_cast<size_t>(last + 1) * t.dtype().itemsize();
+}
+
+void sync_stream(const c10::Stream& stream) {
+  check_hal(hal().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
+}
+
+// Moves `nbytes` between the first elements of src and dst, ordered on the current stream of the flagos
+// device involved. Only a non_blocking copy from/to pinned memory may return before it completes.
+void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, bool non_blocking) {
+  if (nbytes == 0) return;
+  const void* src_ptr = src.const_data_ptr();
+  void* dst_ptr = dst.mutable_data_ptr();
+  if (is_flagos(src) && is_flagos(dst)) {
+    const c10::Stream dst_stream = current_stream(dst.device().index());
+    if (src.device() == dst.device()) {
+      check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(dst_stream)),
+                "flagos_memcpy_async (device to device)");
+      return;
+    }
+    // Across devices: wait for both sides' queued work, then copy synchronously.
+    sync_stream(current_stream(src.device().index()));
+    sync_stream(dst_stream);
+    check_hal(hal().memcpy(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
+              "flagos_memcpy (between flagos devices)");
+    return;
+  }
+  const bool to_device = is_flagos(dst);
+  const at::Tensor& device_side = to_device ? dst : src;
+  const at::Tensor& host_side = to_device ? src : dst;
+  const c10::Stream stream = current_stream(device_side.device().index());
+  check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes,
+                               to_device ? FLAGOS_MEMCPY_HOST_TO_DEVICE : FLAGOS_MEMCPY_DEVICE_TO_HOST,
+                               hal_stream(stream)),
+            to_device ? "flagos_memcpy_async (host to device)" : "flagos_memcpy_async (device to host)");
+  const void* host_base = host_side.storage().data();
+  if (non_blocking && runtime::is_pinned_ptr(host_base)) {
+    // Keep the pinned block from being reused until the copy has run.
+    runtime::host_allocator()->record_event(const_cast<void*>(host_base),
+                                            host_side.storage().data_ptr().get_context(), stream);
+    return;
+  }
+  sync_stream(stream);
+}
+
+// A CPU tensor with the values of flagos tensor `t` (same sizes and strides), read synchronously.
+at::Tensor host_copy_of(const at::Tensor& t) {
+  const size_t bytes = span_bytes(t);
+  const int64_t elements = static_cast<int64_t>(bytes / t.dtype().itemsize());
+  at::Tensor buffer = at::empty({elements}, t.options().device(c10::kCPU));
+  at::Tensor first = t.as_strided({elements}, {1});
+  copy_bytes(first, buffer, bytes, /*non_blocking=*/false);
+  return buffer.as_strided(t.sizes(), t.strides(), 0);
+}
+
+// Writes host tensor `values` (dst's sizes, any dtype/layout) into flagos tensor dst.
+void write_to_device(const at::Tensor& values, const at::Tensor& dst) {
+  if (dst.is_non_overlapping_and_dense()) {
+    at::Tensor staged = at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(c10::kCPU));
+    staged.copy_(values);
+    copy_bytes(staged, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(), /*non_blocking=*/false);
+    return;
+  }
+  // dst has gaps (or overlaps) between its elements: read its span, update the elements, write the span back.
+  at::Tensor staged = host_copy_of(dst);
+  staged.copy_(values);
+  const size_t bytes = span_bytes(dst);
+  const int64_t elements = static_cast<int64_t>(bytes / dst.dtype().itemsize());
+  copy_bytes(staged.as_strided({elements}, {1}), dst.as_strided({elements}, {1}), bytes, /*non_blocking=*/false);
+}
+
+}  // namespace
+
+void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return;
+  const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);
+  if (same_dense_layout(src, dst)) {
+    copy_bytes(src, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(), non_blocking);
+    return;
+  }
+  // Conversion of dtype or layout. Until device kernels exist for it this runs on the host, staging the
+  // flagos side through host copies; it is always synchronous.
+  const at::Tensor host_src = is_flagos(src) ? host_copy_of(src) : src;
+  if (is_flagos(dst)) {
+    write_to_device(host_src, dst);
+  } else {
+    dst.copy_(host_src);
+  }
+}
+
+namespace {
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  copy_between_devices(self, dst, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  copy_between_devices(self, dst, /*non_blocking=*/false);
+  return dst;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+}
+
+}  // namespace
+}  // namespace flagos::ops
