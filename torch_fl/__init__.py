@@ -1,0 +1,49 @@
+"""torch_fl: the `flagos` PyTorch device.
+
+``import torch_fl`` registers the device (PyTorch's PrivateUse1 key, renamed ``flagos``) and the
+``torch.flagos`` module; nothing else in torch changes. The accelerator behind it is chosen at first
+use by ``FLAGOS_ACCELERATOR`` (auto, sim or cuda).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__version__ = "0.1.0"
+
+_BACKEND_NAME = "flagos"
+
+
+def _claim_privateuse1() -> None:
+    current = torch._C._get_privateuse1_backend_name()
+    if current == _BACKEND_NAME:
+        return
+    if current != "privateuseone":
+        raise RuntimeError(
+            f"torch_fl cannot register the 'flagos' device: PyTorch's PrivateUse1 backend is already "
+            f"claimed by '{current}' in this process, and torch allows only one. Import torch_fl in a "
+            f"process that does not load the '{current}' plugin."
+        )
+    torch.utils.rename_privateuse1_backend(_BACKEND_NAME)
+
+
+_claim_privateuse1()
+
+from torch_fl import _C  # noqa: E402  (loads the runtime: hooks, guard, allocators, basic ops)
+from torch_fl import flagos  # noqa: E402
+
+torch._register_device_module(_BACKEND_NAME, flagos)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+
+def build_info() -> dict:
+    """What this build of torch_fl contains: version, the torch it was built against, HALs built."""
+    return dict(_C._build_info())
+
+
+def accelerator() -> str | None:
+    """Name of the accelerator behind flagos ('sim', 'cuda'), or None when none is usable."""
+    return _C._accelerator_name()
+
+
+__all__ = ["flagos", "build_info", "accelerator", "__version__"]

@@ -1,0 +1,44 @@
+"""Helpers shared by the torch.flagos submodules."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from torch_fl import _C
+
+_DEVICE_TYPE = "flagos"
+_init_lock = threading.Lock()
+
+
+def _lazy_init() -> None:
+    """Initialise the accelerator; raises with the reason when it cannot be used (no device, bad
+    FLAGOS_ACCELERATOR, or a child forked after initialisation)."""
+    if _C._is_initialized() and not _C._in_bad_fork():
+        return
+    with _init_lock:
+        _C._init()
+
+
+def current_device() -> int:
+    _lazy_init()
+    return _C._get_device()
+
+
+def _device_index(device: Any = None, optional: bool = True) -> int:
+    """Index of `device` (int, str, torch.device, or None for the current device)."""
+    if device is None:
+        return current_device()
+    if isinstance(device, bool):
+        raise TypeError("expected a device index, string or torch.device, got bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != _DEVICE_TYPE:
+            raise ValueError(f"expected a flagos device, got '{device}'")
+        return current_device() if device.index is None else device.index
+    raise TypeError(f"expected a device index, string or torch.device, got {type(device).__name__}")
