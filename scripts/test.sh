@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: installs torch_fl (scripts/install.sh), runs the C++ HAL conformance suite (ctest)
+# and the Python suite (pytest). Extra arguments go to pytest, e.g. `scripts/test.sh -m gpu`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/install.sh
+
+# GoogleTest comes from the system (Debian's libgtest-dev); install it where we can.
+if [ ! -e /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] && [ ! -e /usr/lib/cmake/GTest/GTestConfig.cmake ] \
+   && [ ! -e /usr/local/lib/cmake/GTest/GTestConfig.cmake ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[torch_fl] installing GoogleTest (libgtest-dev)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev >/dev/null
+  else
+    echo "[torch_fl] GoogleTest not found and cannot be installed here (needs root and apt-get): install libgtest-dev" >&2
+    exit 1
+  fi
+fi
+
+echo "[torch_fl] C++: HAL conformance suite"
+cmake -S tests/cpp/standalone -B build/hal-tests -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/hal-tests
+ctest --test-dir build/hal-tests --output-on-failure
+
+echo "[torch_fl] Python: pytest"
+"$PYTHON" -m pytest tests "$@"
