@@ -29,11 +29,14 @@ def _claim_privateuse1() -> None:
 
 _claim_privateuse1()
 
-from torch_fl import _C  # noqa: E402  (loads the runtime: hooks, guard, allocators, basic ops)
-from torch_fl import flagos  # noqa: E402
+# Loading _C registers the runtime (hooks, guard, allocators) and the operators for PrivateUse1.
+from torch_fl import _C, flagos  # noqa: E402
 
 torch._register_device_module(_BACKEND_NAME, flagos)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+# Validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or variable).
+from torch_fl import routing  # noqa: E402
 
 
 def build_info() -> dict:
@@ -46,4 +49,4 @@ def accelerator() -> str | None:
     return _C._accelerator_name()
 
 
-__all__ = ["flagos", "build_info", "accelerator", "__version__"]
+__all__ = ["flagos", "routing", "build_info", "accelerator", "__version__"]

@@ -44,7 +44,9 @@ def report() -> int:
             f"{props.name}, capability {props.major}.{props.minor}, "
             f"{total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free",
         )
-    _line("autocast dtypes", ", ".join(str(d).replace("torch.", "") for d in flagos.get_amp_supported_dtype()))
+    _line(
+        "autocast dtypes", ", ".join(str(d).replace("torch.", "") for d in flagos.get_amp_supported_dtype())
+    )
     return 0
 
 

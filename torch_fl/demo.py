@@ -37,7 +37,7 @@ def run(batches: int, batch_mib: int) -> int:
     wall = time.perf_counter()
     with flagos.stream(copy_stream):
         start.record()
-        for index, (src, dst) in enumerate(zip(host_batches, results)):
+        for index, (src, dst) in enumerate(zip(host_batches, results, strict=True)):
             on_device = src.to("flagos", non_blocking=True)
             dst.copy_(on_device, non_blocking=True)
             if (index + 1) % max(1, batches // 4) == 0:
@@ -46,9 +46,11 @@ def run(batches: int, batch_mib: int) -> int:
     end.synchronize()
     wall = time.perf_counter() - wall
     moved = 2 * batches * elements * 4
-    ok = all(torch.equal(a, b) for a, b in zip(host_batches, results))
-    print(f"  round trip: {'bit-exact' if ok else 'MISMATCH'}; {moved / 2**30:.2f} GiB moved in "
-          f"{start.elapsed_time(end):.1f} ms of stream time ({moved / wall / 1e9:.2f} GB/s wall)")
+    ok = all(torch.equal(a, b) for a, b in zip(host_batches, results, strict=True))
+    print(
+        f"  round trip: {'bit-exact' if ok else 'MISMATCH'}; {moved / 2**30:.2f} GiB moved in "
+        f"{start.elapsed_time(end):.1f} ms of stream time ({moved / wall / 1e9:.2f} GB/s wall)"
+    )
     if not ok:
         return 1
 
@@ -61,10 +63,12 @@ def run(batches: int, batch_mib: int) -> int:
             return 1
 
     stats = flagos.memory_stats()
-    print(f"  allocator: {stats['num_device_alloc']} device allocations served "
-          f"{stats['allocation.all.allocated']} tensor allocations; "
-          f"peak {flagos.max_memory_allocated() / 2**20:.0f} MiB allocated, "
-          f"{flagos.memory_reserved() / 2**20:.0f} MiB reserved now")
+    print(
+        f"  allocator: {stats['num_device_alloc']} device allocations served "
+        f"{stats['allocation.all.allocated']} tensor allocations; "
+        f"peak {flagos.max_memory_allocated() / 2**20:.0f} MiB allocated, "
+        f"{flagos.memory_reserved() / 2**20:.0f} MiB reserved now"
+    )
     print(f"\ntorch_fl {torch_fl.__version__} on the '{torch_fl.accelerator()}' accelerator: OK")
     return 0
 

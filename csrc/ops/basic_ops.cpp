@@ -30,13 +30,14 @@ std::optional<c10::Device> explicit_device(std::optional<c10::Device> device) {
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(!pin_memory.has_value() || !*pin_memory, "Only dense CPU tensors can be pinned");
   TORCH_CHECK(!layout.has_value() || *layout == c10::Layout::Strided,
               "flagos supports only strided tensors, got layout ", *layout);
   c10::OptionalDeviceGuard guard(explicit_device(device));
-  return at::detail::empty_generic(size, device_allocator(), kFlagosKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  return at::detail::empty_generic(size, device_allocator(), kFlagosKeys, c10::dtype_or_default(dtype),
+                                   memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -55,7 +56,9 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
   return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
 }
 
-at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
@@ -63,15 +66,16 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
 
 // Grows the storage (never shrinks it, as torch does) so that `self` with its current sizes fits.
 void ensure_storage_fits(const at::Tensor& self) {
-  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
-                                                         self.storage_offset());
+  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
+                                                         self.dtype().itemsize(), self.storage_offset());
   const c10::Storage& storage = self.storage();
   if (needed > storage.nbytes()) runtime::resize_storage_bytes(storage, needed);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
-  for (int64_t dim : size) TORCH_CHECK(dim >= 0, "Trying to create tensor with negative dimension ", dim, ": ", size);
+  for (int64_t dim : size)
+    TORCH_CHECK(dim >= 0, "Trying to create tensor with negative dimension ", dim, ": ", size);
   TORCH_CHECK(self.storage().resizable() || self.sizes() == size,
               "Trying to resize storage that is not resizable");
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
@@ -115,7 +119,8 @@ at::Tensor& set_storage_(at::Tensor& self, c10::Storage source) {
 
 at::Tensor& set_tensor_(at::Tensor& self, const at::Tensor& source) {
   if (self.is_same(source)) return self;
-  return set_storage_offset_(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+  return set_storage_offset_(self, source.storage(), source.storage_offset(), source.sizes(),
+                             source.strides());
 }
 
 at::Tensor& set_empty_(at::Tensor& self) {

@@ -16,7 +16,9 @@ using runtime::current_stream;
 using runtime::hal;
 using runtime::hal_stream;
 
-bool is_flagos(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+bool is_flagos(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::PrivateUse1;
+}
 
 // Same dtype and the same dense memory layout: the copy is one contiguous block of bytes.
 bool same_dense_layout(const at::Tensor& src, const at::Tensor& dst) {
@@ -49,7 +51,8 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   if (is_flagos(src) && is_flagos(dst)) {
     const c10::Stream dst_stream = current_stream(dst.device().index());
     if (src.device() == dst.device()) {
-      check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(dst_stream)),
+      check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
+                                   hal_stream(dst_stream)),
                 "flagos_memcpy_async (device to device)");
       return;
     }
@@ -93,7 +96,8 @@ void write_to_device(const at::Tensor& values, const at::Tensor& dst) {
   if (dst.is_non_overlapping_and_dense()) {
     at::Tensor staged = at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(c10::kCPU));
     staged.copy_(values);
-    copy_bytes(staged, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(), /*non_blocking=*/false);
+    copy_bytes(staged, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(),
+               /*non_blocking=*/false);
     return;
   }
   // dst has gaps (or overlaps) between its elements: read its span, update the elements, write the span back.
@@ -101,7 +105,8 @@ void write_to_device(const at::Tensor& values, const at::Tensor& dst) {
   staged.copy_(values);
   const size_t bytes = span_bytes(dst);
   const int64_t elements = static_cast<int64_t>(bytes / dst.dtype().itemsize());
-  copy_bytes(staged.as_strided({elements}, {1}), dst.as_strided({elements}, {1}), bytes, /*non_blocking=*/false);
+  copy_bytes(staged.as_strided({elements}, {1}), dst.as_strided({elements}, {1}), bytes,
+             /*non_blocking=*/false);
 }
 
 }  // namespace

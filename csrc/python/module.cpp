@@ -7,6 +7,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/version.h>
 
+#include "python/bindings.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
@@ -19,13 +20,13 @@ namespace py = pybind11;
 namespace flagos::python {
 namespace {
 
-using flagos::runtime::flagos_device;
+using flagos::runtime::check_device_index;
+using flagos::runtime::check_hal;
 using flagos::runtime::check_stream;
 using flagos::runtime::device_allocator;
-using flagos::runtime::host_allocator;
+using flagos::runtime::flagos_device;
 using flagos::runtime::hal;
-using flagos::runtime::check_hal;
-using flagos::runtime::check_device_index;
+using flagos::runtime::host_allocator;
 namespace hal_api = flagos::hal;
 
 py::tuple stream_tuple(const c10::Stream& s) {
@@ -146,7 +147,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_synchronize", [](int d) {
     py::gil_scoped_release no_gil;
-    c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+        ->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
   });
   m.def("_get_device_properties", &device_properties);
   // torch.Event.elapsed_time accepts only exact torch.Event arguments, so torch.flagos.Event (a subclass)
@@ -157,8 +159,10 @@ PYBIND11_MODULE(_C, m) {
         ->elapsedTime(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end), -1);
   });
 
-  m.def("_get_current_stream", [](int d) { return stream_tuple(current_stream(static_cast<c10::DeviceIndex>(d))); });
-  m.def("_get_default_stream", [](int d) { return stream_tuple(default_stream(static_cast<c10::DeviceIndex>(d))); });
+  m.def("_get_current_stream",
+        [](int d) { return stream_tuple(current_stream(static_cast<c10::DeviceIndex>(d))); });
+  m.def("_get_default_stream",
+        [](int d) { return stream_tuple(default_stream(static_cast<c10::DeviceIndex>(d))); });
   m.def("_set_stream", [](int64_t id, int d) { return stream_tuple(exchange_stream(stream_from(id, d))); });
   m.def("_stream_priority", [](int64_t id, int d) { return stream_priority(stream_from(id, d)); });
   m.def("_stream_priority_range", []() {
@@ -170,11 +174,13 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_memory_stats", &memory_stats);
-  m.def("_reset_peak_memory_stats", [](int d) { device_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_reset_peak_memory_stats",
+        [](int d) { device_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
   m.def("_reset_accumulated_memory_stats",
         [](int d) { device_allocator()->resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
   m.def("_empty_cache", []() { device_allocator()->emptyCache(); });
-  m.def("_mem_get_info", [](int d) { return device_allocator()->getMemoryInfo(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_mem_get_info",
+        [](int d) { return device_allocator()->getMemoryInfo(static_cast<c10::DeviceIndex>(d)); });
   m.def("_host_empty_cache", []() { host_allocator()->empty_cache(); });
   m.def("_host_memory_stats", &host_memory_stats);
   m.def("_is_pinned_ptr", [](uintptr_t ptr) { return is_pinned_ptr(reinterpret_cast<const void*>(ptr)); });
@@ -183,4 +189,6 @@ PYBIND11_MODULE(_C, m) {
     const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(d));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
   });
+
+  flagos::python::bind_routing(m);
 }

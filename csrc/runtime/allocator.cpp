@@ -23,9 +23,9 @@ using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingDeviceAllocator::StatArray;
 using c10::CachingDeviceAllocator::StatType;
 
-constexpr size_t kMinBlockSize = 512;          // every block is a multiple of this
-constexpr size_t kSmallSize = 1 << 20;         // blocks up to 1 MiB belong to the small pool
-constexpr size_t kLargeRounding = 128 << 10;   // large requests round to 128 KiB
+constexpr size_t kMinBlockSize = 512;         // every block is a multiple of this
+constexpr size_t kSmallSize = 1 << 20;        // blocks up to 1 MiB belong to the small pool
+constexpr size_t kLargeRounding = 128 << 10;  // large requests round to 128 KiB
 
 struct Block {
   c10::DeviceIndex device;
@@ -52,7 +52,9 @@ struct DeviceState {
   DeviceStats stats;
 };
 
-bool is_small(size_t size) { return size <= kSmallSize; }
+bool is_small(size_t size) {
+  return size <= kSmallSize;
+}
 
 void update_stat(StatArray& stat, size_t size, int64_t amount) {
   const auto pool = is_small(size) ? StatType::SMALL_POOL : StatType::LARGE_POOL;
@@ -128,7 +130,8 @@ class AllocatorState {
       }
     } catch (const std::exception& e) {
       // Cannot fence the other streams: wait for the whole device instead of risking reuse too early.
-      std::fprintf(stderr, "torch_fl: warning: %s; synchronizing the device before reusing memory\n", e.what());
+      std::fprintf(stderr, "torch_fl: warning: %s; synchronizing the device before reusing memory\n",
+                   e.what());
       hal().device_synchronize(block->device);
       block->pending_events = 0;
     }
@@ -143,9 +146,9 @@ class AllocatorState {
     auto it = live_.find(data_ptr.get());
     TORCH_CHECK(it != live_.end(), "record_stream: memory not owned by the flagos allocator");
     Block* block = it->second;
-    TORCH_CHECK(stream.device_index() == block->device, "record_stream: stream is on flagos:",
-                static_cast<int>(stream.device_index()), " but the memory is on flagos:",
-                static_cast<int>(block->device));
+    TORCH_CHECK(stream.device_index() == block->device,
+                "record_stream: stream is on flagos:", static_cast<int>(stream.device_index()),
+                " but the memory is on flagos:", static_cast<int>(block->device));
     if (stream.id() != block->stream) block->stream_uses.insert(stream.id());
   }
 
@@ -171,8 +174,9 @@ class AllocatorState {
     check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceStats& s = state(device).stats;
-    for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-                             &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (StatArray* array :
+         {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+          &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
       for (auto& stat : *array) fn(stat);
     }
     fn(s.oversize_allocations);
@@ -232,23 +236,25 @@ class AllocatorState {
     }
     if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
       st.stats.num_ooms += 1;
-      const size_t allocated = static_cast<size_t>(
-          st.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
-      const size_t reserved = static_cast<size_t>(
-          st.stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
+      const size_t allocated =
+          static_cast<size_t>(st.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
+      const size_t reserved =
+          static_cast<size_t>(st.stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
       size_t free_bytes = 0;
       size_t total_bytes = 0;
       h.mem_get_info(device, &free_bytes, &total_bytes);
       lock.unlock();
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "flagos out of memory on device flagos:", static_cast<int>(device),
-                       ". Tried to allocate ", format_bytes(nbytes), ". The device has ", format_bytes(total_bytes),
-                       " in total, of which ", format_bytes(free_bytes), " is free; ", format_bytes(allocated),
-                       " is allocated by tensors and ", format_bytes(reserved),
-                       " is reserved by torch_fl's caching allocator (", h.name, " accelerator).");
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, "flagos out of memory on device flagos:", static_cast<int>(device),
+          ". Tried to allocate ", format_bytes(nbytes), ". The device has ", format_bytes(total_bytes),
+          " in total, of which ", format_bytes(free_bytes), " is free; ", format_bytes(allocated),
+          " is allocated by tensors and ", format_bytes(reserved),
+          " is reserved by torch_fl's caching allocator (", h.name, " accelerator).");
     }
     if (status != FLAGOS_SUCCESS) {
       lock.unlock();
-      throw_hal_error(status, "flagos_malloc(device " + std::to_string(device) + ", " + format_bytes(size) + ")");
+      throw_hal_error(status,
+                      "flagos_malloc(device " + std::to_string(device) + ", " + format_bytes(size) + ")");
     }
     auto* block = new Block{device, stream, size, nbytes, ptr, {}};
     st.stats.num_device_alloc += 1;
@@ -327,17 +333,26 @@ size_t CachingDeviceAllocator::rounded_size(size_t nbytes) {
   return (nbytes + rounding - 1) / rounding * rounding;
 }
 
-c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) { return allocator_state().allocate(nbytes); }
-
-c10::DeleterFnPtr CachingDeviceAllocator::raw_deleter() const { return &free_ptr; }
-
-void CachingDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
-  check_hal(hal().memcpy(dest, src, count, FLAGOS_MEMCPY_DEVICE_TO_DEVICE), "flagos_memcpy (device to device)");
+c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
+  return allocator_state().allocate(nbytes);
 }
 
-bool CachingDeviceAllocator::initialized() { return is_initialized(); }
+c10::DeleterFnPtr CachingDeviceAllocator::raw_deleter() const {
+  return &free_ptr;
+}
 
-void CachingDeviceAllocator::emptyCache(c10::MempoolId_t) { allocator_state().empty_cache(); }
+void CachingDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  check_hal(hal().memcpy(dest, src, count, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
+            "flagos_memcpy (device to device)");
+}
+
+bool CachingDeviceAllocator::initialized() {
+  return is_initialized();
+}
+
+void CachingDeviceAllocator::emptyCache(c10::MempoolId_t) {
+  allocator_state().empty_cache();
+}
 
 void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
   allocator_state().record_stream(ptr, stream);
@@ -351,7 +366,9 @@ void CachingDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   allocator_state().reset_accumulated(device);
 }
 
-void CachingDeviceAllocator::resetPeakStats(c10::DeviceIndex device) { allocator_state().reset_peak(device); }
+void CachingDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
+  allocator_state().reset_peak(device);
+}
 
 std::pair<size_t, size_t> CachingDeviceAllocator::getMemoryInfo(c10::DeviceIndex device) {
   check_device_index(device);

@@ -40,7 +40,9 @@ uint64_t FlagosGenerator::get_offset() const {
   return native_.get_offset();
 }
 
-uint64_t FlagosGenerator::current_seed() const { return native_.current_seed(); }
+uint64_t FlagosGenerator::current_seed() const {
+  return native_.current_seed();
+}
 
 uint64_t FlagosGenerator::seed() {
   std::lock_guard<std::mutex> lock(native_.mutex());

@@ -11,7 +11,9 @@
 namespace flagos::runtime {
 namespace {
 
-flagos_event_t as_event(void* event) { return static_cast<flagos_event_t>(event); }
+flagos_event_t as_event(void* event) {
+  return static_cast<flagos_event_t>(event);
+}
 
 struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -57,8 +59,8 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const hal::HalTable& h = hal();
     if (*event == nullptr) {
       // torch's convention: PYTORCH_DEFAULT events do not time; BACKEND_DEFAULT (enable_timing) do.
-      unsigned int flags = flag == c10::EventFlag::BACKEND_DEFAULT ? FLAGOS_EVENT_DEFAULT
-                                                                   : FLAGOS_EVENT_DISABLE_TIMING;
+      unsigned int flags =
+          flag == c10::EventFlag::BACKEND_DEFAULT ? FLAGOS_EVENT_DEFAULT : FLAGOS_EVENT_DISABLE_TIMING;
       c10::DeviceIndex previous = exchange_device(stream.device_index());
       flagos_event_t created = nullptr;
       flagos_status_t status = h.event_create(&created, flags);

@@ -33,8 +33,9 @@ const Selection& selection() noexcept {
         int count = 0;
         flagos_status_t status = s->table->get_device_count(&count);
         if (status != FLAGOS_SUCCESS) {
-          s->error = std::string("the ") + s->table->name + " accelerator cannot count its devices: " +
-                     s->table->get_error_string(status) + " (" + s->table->get_last_error_message() + ")";
+          s->error = std::string("the ") + s->table->name +
+                     " accelerator cannot count its devices: " + s->table->get_error_string(status) + " (" +
+                     s->table->get_last_error_message() + ")";
           s->table = nullptr;
         } else {
           s->devices = static_cast<c10::DeviceIndex>(count);
@@ -52,15 +53,25 @@ const Selection& selection() noexcept {
 
 }  // namespace
 
-const hal::HalTable* hal_or_null() noexcept { return selection().table; }
+const hal::HalTable* hal_or_null() noexcept {
+  return selection().table;
+}
 
-std::string accelerator_error() { return selection().error; }
+std::string accelerator_error() {
+  return selection().error;
+}
 
-c10::DeviceIndex device_count() noexcept { return selection().table ? selection().devices : 0; }
+c10::DeviceIndex device_count() noexcept {
+  return selection().table ? selection().devices : 0;
+}
 
-bool is_initialized() noexcept { return g_initialized.load(std::memory_order_relaxed); }
+bool is_initialized() noexcept {
+  return g_initialized.load(std::memory_order_relaxed);
+}
 
-bool in_bad_fork() noexcept { return g_bad_fork.load(std::memory_order_relaxed); }
+bool in_bad_fork() noexcept {
+  return g_bad_fork.load(std::memory_order_relaxed);
+}
 
 const hal::HalTable& hal() {
   TORCH_CHECK(!in_bad_fork(),

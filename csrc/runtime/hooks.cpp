@@ -13,7 +13,9 @@
 namespace flagos::runtime {
 namespace {
 
-c10::DeviceIndex resolve(c10::DeviceIndex index) { return index < 0 ? current_device() : index; }
+c10::DeviceIndex resolve(c10::DeviceIndex index) {
+  return index < 0 ? current_device() : index;
+}
 
 struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   void init() const override { hal(); }

@@ -110,7 +110,8 @@ class PinnedHostAllocator final : public at::HostAllocator {
 
   void reset_accumulated_stats() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+    for (auto* s :
+         {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
       s->reset_accumulated();
     }
     stats_.num_host_alloc = 0;
@@ -119,7 +120,8 @@ class PinnedHostAllocator final : public at::HostAllocator {
 
   void reset_peak_stats() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+    for (auto* s :
+         {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
       s->reset_peak();
     }
   }
@@ -192,7 +194,9 @@ struct RegisterHostAllocator {
 
 }  // namespace
 
-at::HostAllocator* host_allocator() { return &pinned_allocator(); }
+at::HostAllocator* host_allocator() {
+  return &pinned_allocator();
+}
 
 bool is_pinned_ptr(const void* ptr) {
   const hal::HalTable* h = hal_or_null();

@@ -52,11 +52,13 @@ int hal_priority_for_level(int level) {
 
 }  // namespace
 
-c10::Device flagos_device(c10::DeviceIndex index) { return c10::Device(c10::DeviceType::PrivateUse1, index); }
+c10::Device flagos_device(c10::DeviceIndex index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, index);
+}
 
 void check_stream(const c10::Stream& stream) {
-  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1, "expected a flagos stream, got a stream of ",
-              stream.device_type());
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "expected a flagos stream, got a stream of ", stream.device_type());
   check_device_index(stream.device_index());
   TORCH_CHECK(stream.id() >= 0 && stream.id() < kMaxStreamId, "invalid flagos stream id ", stream.id(),
               " (not a stream created by torch_fl)");

@@ -13,7 +13,6 @@ import torch
 from torch_fl import _C
 
 from ._utils import _device_index, _lazy_init, current_device
-
 from .memory import (
     empty_cache,
     host_memory_stats,
@@ -170,7 +169,9 @@ class Stream(torch.Stream):
             return super().__new__(cls, **kwargs)
         _lazy_init()
         with torch_fl_device(device):
-            return super().__new__(cls, device=torch.device(_DEVICE_TYPE, current_device()), priority=priority)
+            return super().__new__(
+                cls, device=torch.device(_DEVICE_TYPE, current_device()), priority=priority
+            )
 
     @property
     def priority(self) -> int:

@@ -11,8 +11,6 @@ from torch_fl import _C
 from ._utils import _device_index, _lazy_init
 
 
-
-
 def _generators() -> tuple:
     global _default_generators_cache
     if _default_generators_cache is None:
