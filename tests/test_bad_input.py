@@ -1,0 +1,258 @@
+"""Bad input gets a clear error, never a crash or a hang: invalid device indices, negative sizes, broken
+accelerator configuration, out-of-bounds views."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# --- invalid device index (checked in a subprocess: a crash there must not take the test run down) -------
+
+BAD_INDEX_CHECKS = {
+    "empty": 'torch.empty(3, device="flagos:5")',
+    "to": 'torch.randn(3).to("flagos:5")',
+    "copy_to_index": 'torch.randn(3).to("flagos").to("flagos:7")',
+    "set_device": "torch.flagos.set_device(5)",
+    "device_ctx": "exec('with torch.flagos.device(5):\\n    pass')",
+    "stream": "torch.flagos.Stream(device=5)",
+    "current_stream": "torch.flagos.current_stream(5)",
+    "default_stream": "torch.flagos.default_stream(5)",
+    "synchronize": "torch.flagos.synchronize(5)",
+    "properties": "torch.flagos.get_device_properties(5)",
+    "mem_get_info": "torch.flagos.mem_get_info(5)",
+    "memory_stats": "torch.flagos.memory_stats(5)",
+    "memory_allocated": "torch.flagos.memory_allocated(5)",
+    "reset_peak": "torch.flagos.reset_peak_memory_stats(5)",
+    "generator": 'torch.Generator("flagos:5")',
+    "rng_state": "torch.flagos.get_rng_state(5)",
+    "accelerator_set_index": "torch.accelerator.set_device_index(5)",
+    "load_map_location": 'torch.load(buf, map_location="flagos:5")',
+}
+
+BAD_INDEX_SCRIPT = """
+import io, json, sys, torch, torch_fl
+torch.empty(1, device="flagos")
+buf = io.BytesIO(); torch.save(torch.ones(2).to("flagos"), buf)
+checks = json.loads(sys.argv[1])
+for name, code in checks.items():
+    buf.seek(0)
+    try:
+        eval(code)
+        result = {"raised": None}
+    except Exception as e:
+        result = {"raised": type(e).__name__, "message": str(e)}
+    result["device_after"] = torch.flagos.current_device()
+    print("CHECK " + json.dumps([name, result]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_index_results(run_python):
+    import json
+
+    result = run_python(
+        "",
+        args=["-c", BAD_INDEX_SCRIPT, json.dumps(BAD_INDEX_CHECKS)],
+        env={"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_DEVICES": "2"},
+    )
+    results = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("CHECK "):
+            name, value = json.loads(line[len("CHECK ") :])
+            results[name] = value
+    return result, results
+
+
+@pytest.mark.parametrize("name", list(BAD_INDEX_CHECKS))
+def test_invalid_device_index_is_a_clear_error(name, bad_index_results):
+    proc, results = bad_index_results
+    assert name in results, f"the check process died before {name!r}\n{proc!r}"
+    res = results[name]
+    assert res["raised"] is not None, f"{BAD_INDEX_CHECKS[name]} did not raise"
+    assert res["raised"] in ("RuntimeError", "IndexError", "ValueError", "AssertionError"), res
+    message = res["message"]
+    assert "5" in message or "7" in message, f"the error does not name the bad index: {message!r}"
+    assert res["device_after"] == 0
+
+
+def test_bad_index_process_exits_cleanly(bad_index_results):
+    proc, _ = bad_index_results
+    assert proc.returncode == 0, repr(proc)
+
+
+def test_invalid_index_in_process():
+    with pytest.raises((RuntimeError, IndexError), match="5"):
+        torch.empty(3, device="flagos:5")
+    assert torch.flagos.current_device() == 0
+    with pytest.raises(IndexError):
+        torch.flagos.default_generators[5]
+
+
+def test_negative_set_device_is_ignored_like_cuda():
+    torch.flagos.set_device(-1)
+    assert torch.flagos.current_device() == 0
+
+
+def test_wrong_device_type_arguments():
+    with pytest.raises(ValueError, match="flagos"):
+        torch.flagos.set_device("cpu")
+    with pytest.raises(ValueError, match="flagos"):
+        torch.flagos.get_device_properties(torch.device("cpu"))
+    with pytest.raises(TypeError):
+        torch.flagos.set_device(True)
+    with pytest.raises(TypeError):
+        torch.flagos.synchronize(1.5)
+    with pytest.raises(ValueError):
+        torch.flagos.set_stream(torch.Stream(device="cpu"))
+
+
+# --- sizes, views and copies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.empty(-1, device="flagos"),
+        lambda: torch.empty(2, -3, device="flagos"),
+        lambda: torch.empty_strided((2, -1), (1, 1), device="flagos"),
+        lambda: torch.empty(3, device="flagos").resize_(-2),
+        lambda: torch.empty(3, device="flagos").new_empty((4, -5)),
+    ],
+    ids=["empty", "empty_2d", "empty_strided", "resize_", "new_empty"],
+)
+def test_negative_sizes(make):
+    with pytest.raises(RuntimeError, match="negative"):
+        make()
+
+
+def test_size_overflow():
+    with pytest.raises(RuntimeError):
+        torch.empty(2**62, dtype=torch.float32, device="flagos")
+    with pytest.raises(RuntimeError):
+        torch.empty(2**31, 2**31, 2**31, device="flagos")
+
+
+def test_as_strided_out_of_storage_bounds():
+    x = torch.empty(4, device="flagos")
+    with pytest.raises(RuntimeError):
+        x.as_strided((10,), (1,))
+    with pytest.raises(RuntimeError):
+        x.as_strided((2,), (1,), 3)
+    with pytest.raises(RuntimeError, match="[Nn]egative"):
+        x.as_strided((2,), (-1,))
+
+
+def test_bad_views():
+    x = torch.empty(6, device="flagos")
+    with pytest.raises(RuntimeError):
+        x.view(4, 2)
+    with pytest.raises(RuntimeError):
+        x.view(2, 3).t().view(6)
+
+
+def test_item_of_many_elements():
+    with pytest.raises(RuntimeError):
+        torch.empty(2, device="flagos").item()
+
+
+def test_cpu_and_flagos_set_mix():
+    y = torch.empty(0, device="flagos")
+    with pytest.raises(RuntimeError):
+        y.set_(torch.empty(4))
+
+
+# --- broken configuration (each in its own process: the variables are read once) ------------------------
+
+CONFIG_SCRIPT = """
+import json, torch, torch_fl
+out = {"available": torch.flagos.is_available(), "count": torch.flagos.device_count(),
+       "accelerator": torch_fl.accelerator(), "acc_count": torch.accelerator.device_count(),
+       "allocated": torch.flagos.memory_allocated()}
+try:
+    torch.empty(2, device="flagos")
+    out["tensor_error"] = None
+except Exception as e:
+    out["tensor_error"] = [type(e).__name__, str(e)]
+try:
+    torch.flagos.current_device()
+    out["current_device_error"] = None
+except Exception as e:
+    out["current_device_error"] = [type(e).__name__, str(e)]
+try:
+    torch.randn(2).pin_memory()
+    out["pin_error"] = None
+except Exception as e:
+    out["pin_error"] = [type(e).__name__, str(e)]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _check_unusable(out):
+    assert out["available"] is False
+    assert out["count"] == 0
+    assert out["acc_count"] == 0
+    assert out["allocated"] == 0
+    assert out["tensor_error"] is not None, "creating a tensor without a usable accelerator must raise"
+    assert out["tensor_error"][0] == "RuntimeError", out["tensor_error"]
+    assert out["current_device_error"] is not None and out["current_device_error"][0] == "RuntimeError"
+    return out["tensor_error"][1]
+
+
+def test_zero_sim_devices(run_python):
+    out = (
+        run_python(CONFIG_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_DEVICES": "0"}).check().json()
+    )
+    message = _check_unusable(out)
+    assert "FLAGOS_SIM_DEVICES" in message or "no devices" in message, message
+
+
+def test_cuda_accelerator_without_gpu(run_python):
+    if torch.cuda.is_available() or os.path.exists("/dev/nvidia0"):
+        pytest.skip("a GPU is present")
+    out = run_python(CONFIG_SCRIPT, env={"FLAGOS_ACCELERATOR": "cuda"}).check().json()
+    message = _check_unusable(out)
+    assert "cuda" in message.lower(), message
+    assert out["accelerator"] is None
+
+
+def test_bogus_accelerator(run_python):
+    out = run_python(CONFIG_SCRIPT, env={"FLAGOS_ACCELERATOR": "bogus"}).check().json()
+    message = _check_unusable(out)
+    assert "bogus" in message
+    for valid in ("auto", "sim", "cuda"):
+        assert valid in message, f"the error should list the valid value {valid!r}: {message}"
+    assert out["accelerator"] is None
+
+
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({"FLAGOS_SIM_DEVICES": "two"}, "FLAGOS_SIM_DEVICES"),
+        ({"FLAGOS_SIM_DEVICES": "-1"}, "FLAGOS_SIM_DEVICES"),
+        ({"FLAGOS_SIM_MEMORY_BYTES": "lots"}, "FLAGOS_SIM_MEMORY_BYTES"),
+        ({"FLAGOS_SIM_STREAM_DELAY_US": "soon"}, "FLAGOS_SIM_STREAM_DELAY_US"),
+    ],
+    ids=["devices_word", "devices_negative", "memory_word", "delay_word"],
+)
+def test_invalid_sim_settings(run_python, env, name):
+    out = run_python(CONFIG_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim", **env}).check().json()
+    message = _check_unusable(out)
+    assert name in message, f"the error should name {name}: {message}"
+
+
+def test_explicit_sim_and_memory_suffixes(run_python):
+    out = (
+        run_python(
+            """
+        import json, torch, torch_fl
+        print("RESULT " + json.dumps([torch_fl.accelerator(), torch.flagos.device_count(),
+                                      torch.flagos.mem_get_info()[1]]))
+        """,
+            env={"FLAGOS_ACCELERATOR": " SIM ", "FLAGOS_SIM_DEVICES": "3", "FLAGOS_SIM_MEMORY_BYTES": "2G"},
+        )
+        .check()
+        .json()
+    )
+    assert out == ["sim", 3, 2 * 2**30]
