@@ -177,6 +177,14 @@ class Stream(torch.Stream):
     def priority(self) -> int:
         return _C._stream_priority(self.stream_id, self.device_index)
 
+    def record_event(self, event: torch.Event | None = None) -> Event:
+        """Records `event` (a new one if None) on this stream and returns it. torch.Stream's own version
+        accepts only exact torch.Event objects, not torch.flagos.Event."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
     def wait_stream(self, stream: torch.Stream) -> None:
         self.wait_event(stream.record_event())
 

@@ -43,7 +43,14 @@ default_generators = _LazyGenerators()
 
 
 def _generator(device: Any) -> torch.Generator:
-    return _generators()[_device_index(device)]
+    index = _device_index(device)
+    generators = _generators()
+    if not 0 <= index < len(generators):
+        raise IndexError(
+            f"invalid flagos device index {index}: {len(generators)} flagos device(s) available"
+            + (f" (valid: 0..{len(generators) - 1})" if generators else "")
+        )
+    return generators[index]
 
 
 def manual_seed(seed: int) -> None:
