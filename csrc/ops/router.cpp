@@ -1,0 +1,778 @@
+// The router's state (four layers of explicit routes, the Python implementations, availability) and the
+// cache that keeps route_for off any lock. Resolution happens once per (op, version) under one mutex;
+// every later call of that op reads a 16-byte cache slot. Lock order: the GIL (held by the bindings)
+// before this router's mutex, never the reverse: nothing here touches Python.
+#include "ops/router.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/hal_runtime.h"
+
+namespace flagos::ops {
+namespace {
+
+// ---- The hot-path cache ----------------------------------------------------------------------------
+// Keyed by the address of the op's OperatorName, which lives in its dispatcher entry and is stable for
+// as long as the op is registered (deregistration bumps the version, so a reused address is harmless).
+// Open addressing over a fixed table, 4x larger than all of ATen's overloads, with short probe runs;
+// a slot is claimed once under the mutex and never released. Value: version << 8 | backend; version 0 is
+// never current, so a claimed slot without a value reads as stale.
+constexpr int kCacheBits = 14;
+constexpr size_t kCacheSlots = size_t{1} << kCacheBits;
+constexpr size_t kMaxProbes = 32;
+
+struct alignas(16) CacheSlot {
+  std::atomic<const void*> key{nullptr};
+  std::atomic<uint64_t> value{0};
+};
+
+CacheSlot g_cache[kCacheSlots];
+
+// Bumped by every change that can alter a route. Its own cache line: read on every call, written rarely.
+alignas(64) std::atomic<uint64_t> g_version{1};
+
+std::atomic<bool> g_flaggems_available{false};
+
+bool read_log_dispatch() {
+  const char* value = std::getenv("FLAGOS_LOG_DISPATCH");
+  return value != nullptr && value[0] != '\0' && std::string(value) != "0";
+}
+
+// Read once when the extension loads; route_for tests it with one predictable branch.
+const bool g_log_dispatch = read_log_dispatch();
+
+inline size_t slot_index(const void* key) {
+  return static_cast<size_t>(((reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull) >>
+                             (64 - kCacheBits));
+}
+
+void bump_version() {
+  g_version.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// ---- The layers -------------------------------------------------------------------------------------
+struct Rule {
+  Backend backend;
+  std::string written;  // as the user wrote it, for explain() when an alias was used
+  std::string source;   // "config /p/x.conf:3", "env FLAGOS_OP_mm", "api", "override"
+};
+using RuleMap = std::unordered_map<c10::OperatorName, Rule>;
+
+struct OverrideContext {
+  uint64_t token;
+  RuleMap rules;
+};
+
+// An op deregistered from the dispatcher (a torch.library scope ending) may leave its address to another.
+class DeregistrationListener final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override { bump_version(); }
+};
+
+struct State {
+  std::mutex mu;
+  // Configs.
+  std::string package_config_dir;  // torch_fl/configs, from torch_fl/routing.py
+  bool default_config_pending = false;
+  std::string config_path;  // the file the config layer came from ("" when none)
+  RuleMap config;
+  RuleMap env;
+  RuleMap api;
+  std::vector<OverrideContext> overrides;  // push order; the last one naming an op wins
+  uint64_t next_token = 1;
+  // Python implementations. Owned references, never released (see python_impl in router.h).
+  std::unordered_map<c10::OperatorName, PyObject*> python_impls;
+  std::vector<PyObject*> retired_impls;
+  // (op, backend) pairs already warned about.
+  std::unordered_set<std::string> warned;
+  // The native device, known once the accelerator has been chosen.
+  bool native_known = false;
+  c10::DispatchKey native_key = c10::DispatchKey::CPU;
+  const char* native_device = "CPU";
+  bool listener_installed = false;
+};
+
+// Leaked on purpose: the fallback may route ops during static destruction.
+State& state() {
+  static State* s = new State();
+  return *s;
+}
+
+std::string to_lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+std::string trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t\r\n\f\v");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t\r\n\f\v");
+  return text.substr(first, last - first + 1);
+}
+
+bool is_identifier(const std::string& text) {
+  if (text.empty()) return false;
+  return std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+}
+
+Backend parse_backend_or_throw(const std::string& written, const std::string& op_display) {
+  std::optional<Backend> backend = parse_backend(written);
+  TORCH_CHECK_VALUE(backend.has_value(), "unknown backend '", written, "' for ", op_display, " (",
+                    valid_backends_text(), ")");
+  return *backend;
+}
+
+// The native device follows the accelerator: CUDA on the cuda HAL, CPU otherwise (the simulated
+// accelerator keeps its memory in host RAM). Asking selects the accelerator, so it waits for first use.
+void ensure_native_locked(State& s) {
+  if (s.native_known) return;
+  const hal::HalTable* table = runtime::hal_or_null();
+  if (table != nullptr && table->name == "cuda") {
+    s.native_key = c10::DispatchKey::CUDA;
+    s.native_device = "CUDA";
+  }
+  s.native_known = true;
+}
+
+RuleMap rules_from_config(const std::vector<ConfigEntry>& entries) {
+  RuleMap rules;
+  for (const ConfigEntry& e : entries) {
+    rules.insert_or_assign(e.op,
+                           Rule{e.backend, e.written, "config " + e.file + ":" + std::to_string(e.line)});
+  }
+  return rules;
+}
+
+// Loads the package default config for the accelerator the first time a route is resolved (choosing the
+// accelerator at import would make `import torch_fl` pay for CUDA initialisation). A broken default
+// config throws here, on every resolution, until fixed: it is ours, and a test parses every one of them.
+void ensure_initialized_locked(State& s) {
+  if (!s.listener_installed) {
+    // The handle is leaked: the listener must live as long as the dispatcher.
+    new c10::RegistrationHandleRAII(
+        c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<DeregistrationListener>()));
+    s.listener_installed = true;
+  }
+  ensure_native_locked(s);
+  if (!s.default_config_pending) return;
+  const hal::HalTable* table = runtime::hal_or_null();
+  if (table == nullptr || s.package_config_dir.empty()) {
+    s.default_config_pending = false;
+    return;
+  }
+  const std::filesystem::path path = std::filesystem::path(s.package_config_dir) / (table->name + ".conf");
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    s.config = rules_from_config(parse_config_file(path.string()));
+    s.config_path = path.string();
+  }
+  s.default_config_pending = false;
+}
+
+// ---- Resolution ---------------------------------------------------------------------------------------
+struct Decision {
+  Backend backend = Backend::kCpu;        // effective
+  Backend requested = Backend::kCpu;      // what the winning rule (or the default chain) asked for
+  std::optional<Rule> rule;               // the winning explicit rule; none means the default chain
+  std::vector<const Rule*> shadowed;      // lower-precedence rules for the same op, highest first
+  std::vector<std::string> fell_through;  // "flaggems is unavailable: FlagGems is not available"
+  std::vector<std::string> warnings;      // new (op, backend) fall-throughs to warn about
+  bool native_has_kernel = false;
+};
+
+// Explicit rules naming `name`, highest precedence first.
+std::vector<const Rule*> matching_rules(const State& s, const c10::OperatorName& name) {
+  std::vector<const Rule*> found;
+  for (auto it = s.overrides.rbegin(); it != s.overrides.rend(); ++it) {
+    auto hit = it->rules.find(name);
+    if (hit != it->rules.end()) found.push_back(&hit->second);
+  }
+  for (const RuleMap* layer : {&s.api, &s.env, &s.config}) {
+    auto hit = layer->find(name);
+    if (hit != layer->end()) found.push_back(&hit->second);
+  }
+  return found;
+}
+
+bool available_locked(const State& s, Backend backend, const c10::OperatorHandle& op, std::string* why) {
+  switch (backend) {
+    case Backend::kNative:
+      if (op.hasComputedKernelForDispatchKey(s.native_key)) return true;
+      *why = std::string("the ") + s.native_device + " device has no kernel for it";
+      return false;
+    case Backend::kFlagGems:
+      if (g_flaggems_available.load(std::memory_order_acquire)) return true;
+      *why = "FlagGems is not available in this process";
+      return false;
+    case Backend::kPython:
+      if (s.python_impls.count(op.operator_name()) != 0) return true;
+      *why = "no Python implementation is registered for it";
+      return false;
+    case Backend::kCpu:
+      return true;
+  }
+  return true;
+}
+
+Backend next_in_chain(Backend backend) {
+  return backend == Backend::kNative ? Backend::kCpu : Backend::kNative;
+}
+
+Decision decide_locked(State& s, const c10::OperatorHandle& op, bool warn) {
+  Decision d;
+  const c10::OperatorName& name = op.operator_name();
+  std::vector<const Rule*> rules = matching_rules(s, name);
+  std::string why;
+  d.native_has_kernel = available_locked(s, Backend::kNative, op, &why);
+  if (rules.empty()) {
+    d.requested = d.backend = d.native_has_kernel ? Backend::kNative : Backend::kCpu;
+    return d;
+  }
+  d.rule = *rules.front();
+  d.shadowed.assign(rules.begin() + 1, rules.end());
+  d.requested = d.rule->backend;
+  Backend backend = d.requested;
+  while (!available_locked(s, backend, op, &why)) {
+    d.fell_through.push_back(std::string(backend_name(backend)) + " is unavailable: " + why);
+    const Backend next = next_in_chain(backend);
+    if (warn && s.warned.insert(op_display_name(name) + "|" + backend_name(backend)).second) {
+      d.warnings.push_back(
+          "torch_fl routing: " + op_display_name(name) + " is routed to " + backend_name(backend) + " by " +
+          d.rule->source + ", but " + backend_name(backend) + " is unavailable (" + why + "); using " +
+          backend_name(next) + " instead. This warning is shown once per operator and backend.");
+    }
+    backend = next;
+  }
+  d.backend = backend;
+  return d;
+}
+
+std::string rule_text(const Rule& rule) {
+  std::string text = rule.source;
+  if (to_lower(trim(rule.written)) != backend_name(rule.backend)) {
+    text += ", written '" + rule.written + "'";
+  }
+  return text;
+}
+
+// "aten::mm -> native (env FLAGOS_OP_mm asked for flaggems; ...; fell through to native)".
+std::string decision_text(const State& s, const c10::OperatorName& name, const Decision& d) {
+  std::string text = op_display_name(name) + " -> " + backend_name(d.backend) + " (";
+  if (!d.rule.has_value()) {
+    text += std::string("default: native has ") + (d.native_has_kernel ? "a " : "no ") + s.native_device +
+            " kernel";
+  } else if (d.fell_through.empty()) {
+    text += rule_text(*d.rule);
+  } else {
+    text += rule_text(*d.rule) + " asked for " + backend_name(d.requested);
+    for (const std::string& step : d.fell_through) text += "; " + step;
+    text += std::string("; fell through to ") + backend_name(d.backend);
+  }
+  return text + ")";
+}
+
+// Why calls of an op on flagos may never reach the router, for explain(). The dispatcher's computed
+// table says which kernel PrivateUse1 resolves to: the router's fallback, a kernel of flagos's own, or a
+// composite kernel inherited through an alias key (a quarter of ATen decomposes above the flagos key, and
+// about half, e.g. aten::mm and aten::add.Tensor, runs a composite wrapper that calls the `out` overload).
+std::string bypass_note(const c10::OperatorHandle& op) {
+  const std::string table = op.dumpComputedTable();
+  std::string line;
+  for (size_t pos = 0; pos < table.size();) {
+    const size_t end = std::min(table.find('\n', pos), table.size());
+    if (table.compare(pos, 12, "PrivateUse1:") == 0) {
+      line = table.substr(pos, end - pos);
+      break;
+    }
+    pos = end + 1;
+  }
+  if (line.empty() || line.find("[backend fallback]") != std::string::npos) return "";
+  // The router's own boxed kernel, should fallback.cpp register it for an op directly.
+  if (line.find("csrc/ops/fallback.cpp") != std::string::npos) return "";
+  if (line.find("[math kernel]") != std::string::npos) {
+    return "it is CompositeImplicitAutograd: it decomposes into other ops before reaching flagos, so route "
+           "those";
+  }
+  if (line.find("[default backend kernel]") != std::string::npos) {
+    const c10::OperatorName& name = op.operator_name();
+    std::string base = name.name;
+    while (!base.empty() && base.back() == '_') base.pop_back();
+    std::string via;
+    const c10::OperatorName out(base, "out");
+    if (out != name && c10::Dispatcher::singleton().findSchema(out).has_value()) {
+      via = " (probably " + op_display_name(out) + ")";
+    }
+    const bool non_functional =
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+    return std::string("on flagos it runs its ") +
+           (non_functional ? "CompositeExplicitAutogradNonFunctional" : "CompositeExplicitAutograd") +
+           " kernel, which calls other ops" + via + ": route those";
+  }
+  const auto at = line.find("registered at ");
+  return "flagos has a kernel of its own for it" +
+         (at == std::string::npos ? std::string() : " (" + line.substr(at) + ")") +
+         ", so its calls do not go through the router";
+}
+
+void emit_warnings(const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) TORCH_WARN(w);
+}
+
+void log_decision_text(const std::string& text) {
+  std::fprintf(stderr, "[flagos dispatch] %s\n", text.c_str());
+}
+
+// With FLAGOS_LOG_DISPATCH=1 every call reports its decision (slow by design: a debugging aid).
+void log_decision(const c10::OperatorHandle& op) {
+  State& s = state();
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    text = decision_text(s, op.operator_name(), decide_locked(s, op, /*warn=*/false));
+  }
+  log_decision_text(text);
+}
+
+// Cache miss or stale entry: resolve under the mutex and publish the result with the version it was
+// computed against, so a concurrent change (which bumps the version under the same mutex) invalidates it.
+C10_NOINLINE Backend route_slow(const c10::OperatorHandle& op) {
+  State& s = state();
+  const void* key = &op.operator_name();
+  Decision d;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ensure_initialized_locked(s);
+    const uint64_t version = g_version.load(std::memory_order_acquire);
+    d = decide_locked(s, op, /*warn=*/true);
+    size_t i = slot_index(key);
+    for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
+      const void* k = g_cache[i].key.load(std::memory_order_acquire);
+      if (k == nullptr) {
+        g_cache[i].key.store(key, std::memory_order_release);
+        k = key;
+      }
+      if (k == key) {
+        g_cache[i].value.store(version << 8 | static_cast<uint64_t>(d.backend), std::memory_order_release);
+        break;
+      }
+    }
+    if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
+  }
+  emit_warnings(d.warnings);
+  return d.backend;
+}
+
+c10::OperatorName name_of(const std::string& op) {
+  return find_operator(op).operator_name();
+}
+
+}  // namespace
+
+// ---- Hot path -----------------------------------------------------------------------------------------
+Backend route_for(const c10::OperatorHandle& op) {
+  const void* key = &op.operator_name();
+  size_t i = slot_index(key);
+  for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
+    const void* k = g_cache[i].key.load(std::memory_order_acquire);
+    if (C10_LIKELY(k == key)) {
+      const uint64_t value = g_cache[i].value.load(std::memory_order_acquire);
+      if (C10_UNLIKELY((value >> 8) != g_version.load(std::memory_order_acquire))) break;
+      if (C10_UNLIKELY(g_log_dispatch)) log_decision(op);
+      return static_cast<Backend>(value & 0xff);
+    }
+    if (k == nullptr) break;
+  }
+  return route_slow(op);
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kNative:
+      return "native";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kFlagGems:
+      return "flaggems";
+    case Backend::kPython:
+      return "python";
+  }
+  return "?";
+}
+
+void set_flaggems_available(bool available) {
+  // Under the mutex so that a resolution in progress cannot publish a decision made with the old value.
+  std::lock_guard<std::mutex> lock(state().mu);
+  g_flaggems_available.store(available, std::memory_order_release);
+  bump_version();
+}
+
+bool flaggems_available() {
+  return g_flaggems_available.load(std::memory_order_acquire);
+}
+
+bool has_python_impl(const c10::OperatorName& name) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.python_impls.count(name) != 0;
+}
+
+PyObject* python_impl(const c10::OperatorName& name) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.python_impls.find(name);
+  return it == s.python_impls.end() ? nullptr : it->second;
+}
+
+bool dispatch_logging_enabled() {
+  return g_log_dispatch;
+}
+
+// ---- Names --------------------------------------------------------------------------------------------
+std::optional<Backend> parse_backend(const std::string& text) {
+  static const std::unordered_map<std::string, Backend> kNames = {
+      {"native", Backend::kNative},
+      {"cpu", Backend::kCpu},
+      {"flaggems", Backend::kFlagGems},
+      {"python", Backend::kPython},
+      // The existing torch_fl plugin's spellings: its configs keep working.
+      {"cuda", Backend::kNative},
+      {"flagos_python", Backend::kFlagGems},
+      {"flagos", Backend::kFlagGems},
+  };
+  auto it = kNames.find(to_lower(trim(text)));
+  if (it == kNames.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string& valid_backends_text() {
+  static const std::string kText =
+      "valid: native, cpu, flaggems, python; aliases: cuda -> native (the native backend on NVIDIA, and "
+      "native on any accelerator), flagos_python -> flaggems, flagos -> flaggems";
+  return kText;
+}
+
+std::string op_display_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+namespace {
+
+struct ParsedName {
+  c10::OperatorName name{"", ""};
+  bool has_overload = false;
+  std::string error;  // non-empty when the text is not an operator name at all
+};
+
+ParsedName parse_op_name(const std::string& raw) {
+  ParsedName parsed;
+  const std::string text = trim(raw);
+  std::string ns = "aten";
+  std::string rest = text;
+  const auto colons = text.find("::");
+  if (colons != std::string::npos) {
+    ns = text.substr(0, colons);
+    rest = text.substr(colons + 2);
+  }
+  const auto dot = rest.find('.');
+  const std::string base = rest.substr(0, dot);
+  parsed.has_overload = dot != std::string::npos;
+  const std::string overload = parsed.has_overload ? rest.substr(dot + 1) : "";
+  if (!is_identifier(ns) || !is_identifier(base) || (parsed.has_overload && !is_identifier(overload))) {
+    parsed.error =
+        "invalid operator name '" + text +
+        "' (expected 'op', 'op.overload' or 'namespace::op.overload', e.g. 'mm' or 'aten::add.Tensor')";
+    return parsed;
+  }
+  parsed.name = c10::OperatorName(ns + "::" + base, overload);
+  return parsed;
+}
+
+// Without the hint-building of find_operator: for the env decoder, which tries several readings.
+std::optional<c10::OperatorHandle> lookup_operator(const std::string& text) {
+  const ParsedName parsed = parse_op_name(text);
+  if (!parsed.error.empty()) return std::nullopt;
+  return c10::Dispatcher::singleton().findSchema(parsed.name);
+}
+
+}  // namespace
+
+c10::OperatorHandle find_operator(const std::string& raw) {
+  const ParsedName parsed = parse_op_name(raw);
+  TORCH_CHECK_VALUE(parsed.error.empty(), parsed.error);
+  const c10::OperatorName& name = parsed.name;
+  if (auto handle = c10::Dispatcher::singleton().findSchema(name)) return *handle;
+  // Unknown: name the overloads that do exist under that name, the usual mistake.
+  std::vector<std::string> overloads;
+  for (const c10::OperatorName& known : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (known.name == name.name && c10::Dispatcher::singleton().findSchema(known).has_value()) {
+      overloads.push_back(known.overload_name.empty() ? "(default)" : known.overload_name);
+    }
+  }
+  std::sort(overloads.begin(), overloads.end());
+  std::string message = "unknown operator '" + op_display_name(name) + "'";
+  if (!overloads.empty()) {
+    message +=
+        " (" + name.name +
+        (parsed.has_overload ? " has no overload '" + name.overload_name + "'" : " has no default overload") +
+        "; its overloads: ";
+    for (size_t i = 0; i < overloads.size(); ++i) message += (i ? ", " : "") + overloads[i];
+    message += ")";
+  }
+  C10_THROW_ERROR(ValueError, message);
+}
+
+// ---- Management ---------------------------------------------------------------------------------------
+namespace {
+
+constexpr const char kEnvPrefix[] = "FLAGOS_OP_";
+
+// FLAGOS_OP_<name> with '.' written '__': the one reading (no '__' replaced, or exactly one) that names an
+// existing aten op. Op names themselves may contain '__' (aten::__and__.Tensor), hence the search.
+c10::OperatorName env_operator(const std::string& var) {
+  const std::string encoded = var.substr(sizeof(kEnvPrefix) - 1);
+  TORCH_CHECK_VALUE(!encoded.empty(), "environment variable ", var, ": no operator name after ", kEnvPrefix);
+  std::vector<std::string> candidates = {encoded};
+  for (size_t p = encoded.find("__"); p != std::string::npos; p = encoded.find("__", p + 1)) {
+    candidates.push_back(encoded.substr(0, p) + "." + encoded.substr(p + 2));
+  }
+  std::vector<c10::OperatorName> found;
+  for (const std::string& candidate : candidates) {
+    std::optional<c10::OperatorHandle> handle = lookup_operator("aten::" + candidate);
+    if (!handle.has_value()) continue;
+    const c10::OperatorName& name = handle->operator_name();
+    if (std::find(found.begin(), found.end(), name) == found.end()) found.push_back(name);
+  }
+  if (found.size() == 1) return found.front();
+  if (found.empty()) {
+    // Report the most likely reading: the last '__' as the overload separator, as the plugin documents.
+    const auto last = encoded.rfind("__");
+    const std::string likely = last == std::string::npos || last == 0
+                                   ? encoded
+                                   : encoded.substr(0, last) + "." + encoded.substr(last + 2);
+    std::string detail;
+    try {
+      find_operator("aten::" + likely);
+    } catch (const c10::Error& e) {
+      detail = e.msg();
+    }
+    C10_THROW_ERROR(ValueError, "environment variable " + var + ": " + detail +
+                                    " (FLAGOS_OP_<name> writes '.' as '__', e.g. FLAGOS_OP_add__Tensor for "
+                                    "aten::add.Tensor)");
+  }
+  std::string names;
+  for (const auto& n : found) names += (names.empty() ? "" : ", ") + op_display_name(n);
+  C10_THROW_ERROR(ValueError, "environment variable " + var + " is ambiguous: it can name " + names);
+}
+
+RuleMap rules_from_env(const std::vector<std::pair<std::string, std::string>>& env_vars) {
+  RuleMap rules;
+  for (const auto& [var, value] : env_vars) {
+    if (var.rfind(kEnvPrefix, 0) != 0 || trim(value).empty()) continue;
+    const c10::OperatorName name = env_operator(var);
+    const std::optional<Backend> backend = parse_backend(value);
+    TORCH_CHECK_VALUE(backend.has_value(), "environment variable ", var, "=", value, ": unknown backend '",
+                      trim(value), "' for ", op_display_name(name), " (", valid_backends_text(), ")");
+    rules.insert_or_assign(name, Rule{*backend, trim(value), "env " + var});
+  }
+  return rules;
+}
+
+RuleMap rules_from_mapping(const std::vector<std::pair<std::string, std::string>>& mapping,
+                           const std::string& source) {
+  RuleMap rules;
+  for (const auto& [op, backend] : mapping) {
+    const c10::OperatorName name = name_of(op);
+    rules.insert_or_assign(name,
+                           Rule{parse_backend_or_throw(backend, op_display_name(name)), backend, source});
+  }
+  return rules;
+}
+
+}  // namespace
+
+void init_routing(const std::string& package_config_dir, const std::string& config_path,
+                  const std::vector<std::pair<std::string, std::string>>& env_vars) {
+  RuleMap config;
+  std::string path;
+  if (!config_path.empty()) {
+    const std::vector<ConfigEntry> entries = parse_config_file(config_path);
+    config = rules_from_config(entries);
+    path = std::filesystem::absolute(config_path).lexically_normal().string();
+  }
+  RuleMap env = rules_from_env(env_vars);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.package_config_dir = package_config_dir;
+  s.default_config_pending = config_path.empty();
+  s.config = std::move(config);
+  s.config_path = path;
+  s.env = std::move(env);
+  bump_version();
+}
+
+void load_config(const std::string& config_path) {
+  RuleMap config;
+  std::string path;
+  if (!config_path.empty()) {
+    config = rules_from_config(parse_config_file(config_path));
+    path = std::filesystem::absolute(config_path).lexically_normal().string();
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.config = std::move(config);
+  s.config_path = path;
+  s.default_config_pending = config_path.empty();
+  bump_version();
+  // An explicit call reports a broken package default now rather than at the next op.
+  if (config_path.empty()) ensure_initialized_locked(s);
+}
+
+void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars) {
+  RuleMap env = rules_from_env(env_vars);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.env = std::move(env);
+  bump_version();
+}
+
+void set_api_route(const std::string& op, const std::optional<std::string>& backend) {
+  const c10::OperatorName name = name_of(op);
+  std::optional<Rule> rule;
+  if (backend.has_value())
+    rule = Rule{parse_backend_or_throw(*backend, op_display_name(name)), *backend, "api"};
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (rule.has_value()) {
+    s.api.insert_or_assign(name, std::move(*rule));
+  } else {
+    s.api.erase(name);
+  }
+  bump_version();
+}
+
+void clear_api_routes() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.api.clear();
+  bump_version();
+}
+
+std::optional<Backend> api_route(const std::string& op) {
+  const c10::OperatorName name = name_of(op);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.api.find(name);
+  if (it == s.api.end()) return std::nullopt;
+  return it->second.backend;
+}
+
+uint64_t push_override(const std::vector<std::pair<std::string, std::string>>& mapping) {
+  RuleMap rules = rules_from_mapping(mapping, "override");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const uint64_t token = s.next_token++;
+  s.overrides.push_back(OverrideContext{token, std::move(rules)});
+  bump_version();
+  return token;
+}
+
+void pop_override(uint64_t token) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = std::find_if(s.overrides.begin(), s.overrides.end(),
+                         [&](const OverrideContext& c) { return c.token == token; });
+  TORCH_CHECK_VALUE(it != s.overrides.end(), "routing override ", token, " is not active");
+  s.overrides.erase(it);
+  bump_version();
+}
+
+std::string set_python_impl(const std::string& op, PyObject* impl) {
+  const c10::OperatorName name = name_of(op);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.python_impls.find(name);
+  if (it != s.python_impls.end()) {
+    s.retired_impls.push_back(it->second);
+    s.python_impls.erase(it);
+  }
+  if (impl != nullptr) s.python_impls.emplace(name, impl);
+  bump_version();
+  return op_display_name(name);
+}
+
+Backend effective_backend(const std::string& op) {
+  return route_for(find_operator(op));
+}
+
+std::string explain(const std::string& op) {
+  const c10::OperatorHandle handle = find_operator(op);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ensure_initialized_locked(s);
+  const Decision d = decide_locked(s, handle, /*warn=*/false);
+  std::string text = decision_text(s, handle.operator_name(), d);
+  if (!d.shadowed.empty()) {
+    text += "; shadowed: ";
+    for (size_t i = 0; i < d.shadowed.size(); ++i) {
+      text += (i ? ", " : "") + rule_text(*d.shadowed[i]) + " = " + backend_name(d.shadowed[i]->backend);
+    }
+  }
+  const std::string note = bypass_note(handle);
+  if (!note.empty()) text += "; note: " + note;
+  return text;
+}
+
+std::vector<TableRow> routing_table() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ensure_initialized_locked(s);
+  std::vector<c10::OperatorName> names;
+  auto collect = [&](const RuleMap& layer) {
+    for (const auto& entry : layer) {
+      if (std::find(names.begin(), names.end(), entry.first) == names.end()) names.push_back(entry.first);
+    }
+  };
+  for (const OverrideContext& c : s.overrides) collect(c.rules);
+  collect(s.api);
+  collect(s.env);
+  collect(s.config);
+  std::vector<TableRow> rows;
+  for (const c10::OperatorName& name : names) {
+    std::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema(name);
+    if (!handle.has_value()) continue;  // deregistered since it was routed
+    const Decision d = decide_locked(s, *handle, /*warn=*/false);
+    rows.push_back(TableRow{op_display_name(name), d.backend, d.requested, rule_text(*d.rule)});
+  }
+  std::sort(rows.begin(), rows.end(), [](const TableRow& a, const TableRow& b) { return a.op < b.op; });
+  return rows;
+}
+
+double route_for_cost_ns(const std::string& op, int64_t iterations) {
+  const c10::OperatorHandle handle = find_operator(op);
+  route_for(handle);  // warm the cache
+  uint64_t sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    sink += static_cast<uint64_t>(route_for(handle));
+    // Keep the compiler from hoisting the call out of the loop.
+    asm volatile("" : "+r"(sink));
+  }
+  const auto end = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(end - start).count() / static_cast<double>(iterations);
+}
+
+}  // namespace flagos::ops

@@ -1,0 +1,128 @@
+// The router: which backend runs each operator that reaches the PrivateUse1 fallback.
+//
+// A route is chosen per operator overload (`aten::mm`, `aten::add.Tensor`). Precedence, lowest first:
+// the built-in default chain (native if the native device has a kernel, else cpu) < the config file
+// (FLAGOS_BACKEND_CONFIG, else the package default torch_fl/configs/<accelerator>.conf) < FLAGOS_OP_<name>
+// environment variables < the Python API (torch_fl.routing.set, then override contexts on top).
+// A backend that is unavailable for an op falls through (flaggems -> native -> cpu, python -> native ->
+// cpu, native -> cpu) with one warning per (op, backend). docs/routing.md is the user's manual.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DispatchKey.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+// Python's object type, declared the way Python.h declares it, so this layer needs no Python headers.
+typedef struct _object PyObject;
+
+namespace flagos::ops {
+
+enum class Backend : uint8_t { kNative = 0, kCpu = 1, kFlagGems = 2, kPython = 3 };
+constexpr int kNumBackends = 4;
+
+const char* backend_name(Backend b);  // "native", "cpu", "flaggems", "python"
+
+// Hot path, called for every routed op call: a lock-free cache lookup keyed by the op's identity and
+// validated by a global version that every routing change bumps (about 2 ns when warm). Thread-safe.
+// Resolves precedence and availability: returns a backend that is available for this op. Throws only
+// when the package's default config for the accelerator is broken (it is loaded on first use).
+Backend route_for(const c10::OperatorHandle& op);
+
+// Availability hooks set by the routes: whether the flaggems backend is usable at all (false until the
+// FlagGems issue) and whether a Python implementation is registered for an op.
+void set_flaggems_available(bool available);
+bool flaggems_available();
+bool has_python_impl(const c10::OperatorName& name);
+
+// For the python route: the registered callable (borrowed, nullptr if none). The registry keeps every
+// callable it was ever given alive for the life of the process (replaced ones included), so the pointer
+// stays valid without holding the GIL; take a reference under the GIL before calling it.
+PyObject* python_impl(const c10::OperatorName& name);
+
+bool dispatch_logging_enabled();  // FLAGOS_LOG_DISPATCH=1, read once at load
+
+// ---- Management (torch_fl.routing's native half; not on the hot path) --------------------------------
+// Op names are accepted as `aten::add.Tensor`, `add.Tensor`, `mm` (the default overload) or
+// `ns::op.overload` for other namespaces; unknown ones are c10::ValueError naming the op. Backend names
+// are the four above plus the existing plugin's aliases: `cuda` (the native backend, on any
+// accelerator), `flagos_python` and `flagos` (flaggems). Every change bumps the version route_for checks.
+
+// Resolves an op name against the dispatcher (it must have a schema). Throws c10::ValueError.
+c10::OperatorHandle find_operator(const std::string& text);
+
+// Parses a backend name or alias (case-insensitive). nullopt when unknown.
+std::optional<Backend> parse_backend(const std::string& text);
+
+// "valid: native, cpu, flaggems, python; aliases: ..." for error messages.
+const std::string& valid_backends_text();
+
+// One `op = backend` line of a config file, resolved.
+struct ConfigEntry {
+  c10::OperatorName op;
+  Backend backend;
+  std::string written;  // the backend as written (differs from backend_name when an alias was used)
+  std::string file;     // absolute path of the file the line is in
+  int line;
+};
+
+// Parses a config file and its includes, in order (later entries win when applied). Throws
+// c10::ValueError "<file>:<line>: <problem>" for syntax errors, unknown ops or backends, missing
+// includes and include cycles. route_config.cpp.
+std::vector<ConfigEntry> parse_config_file(const std::string& path);
+
+// Import-time set-up from torch_fl/routing.py: where the package's default configs live, the config
+// file to load now (FLAGOS_BACKEND_CONFIG; empty means the package default for the accelerator, loaded
+// lazily because choosing the accelerator must not happen at import), and the FLAGOS_OP_* variables as
+// (name, value) pairs. Validates everything before changing anything.
+void init_routing(const std::string& package_config_dir, const std::string& config_path,
+                  const std::vector<std::pair<std::string, std::string>>& env_vars);
+
+// Replaces the config layer with `path` (empty: the package default for the accelerator).
+void load_config(const std::string& path);
+
+// Replaces the env layer with these FLAGOS_OP_<name> variables (empty values are ignored).
+void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars);
+
+// API level: sets (or with nullopt clears) one op's route; clear_api_routes drops them all.
+void set_api_route(const std::string& op, const std::optional<std::string>& backend);
+void clear_api_routes();
+std::optional<Backend> api_route(const std::string& op);
+
+// Override contexts: global, above the API level. push validates the whole mapping first and returns a
+// token; pop removes that context wherever it is in the stack, so contexts of concurrent threads may exit
+// in any order and each op's route is the innermost live context's that names it.
+uint64_t push_override(const std::vector<std::pair<std::string, std::string>>& mapping);
+void pop_override(uint64_t token);
+
+// Registers (or, with nullptr, removes) the Python implementation of an op. `impl` is a new reference
+// that the registry owns forever (see python_impl). Returns the op's canonical name.
+std::string set_python_impl(const std::string& op, PyObject* impl);
+
+// The effective backend for an op (as route_for would return it; warns like route_for on fall-through).
+Backend effective_backend(const std::string& op);
+
+// "aten::mm -> cpu (env FLAGOS_OP_mm)", with shadowed rules and fall-through notes.
+std::string explain(const std::string& op);
+
+// Every op with an explicit route in some layer: its effective backend, the backend its winning rule asked
+// for, and that rule's source ("config /p/x.conf:3", "env FLAGOS_OP_mm", "api", "override").
+struct TableRow {
+  std::string op;
+  Backend backend;
+  Backend requested;
+  std::string source;
+};
+std::vector<TableRow> routing_table();
+
+// Canonical name of an op: "aten::mm", "aten::add.Tensor".
+std::string op_display_name(const c10::OperatorName& name);
+
+// For the overhead benchmark and tests: average nanoseconds of one warm route_for call on `op`.
+double route_for_cost_ns(const std::string& op, int64_t iterations);
+
+}  // namespace flagos::ops

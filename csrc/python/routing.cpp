@@ -1,0 +1,135 @@
+// torch_fl.routing's native half: thin wrappers over ops/router.h. Every entry point runs inside torch's
+// error handling so that c10 errors become Python exceptions of the matching type (ValueError for bad
+// names and configs) and c10 warnings (fall-through) become Python warnings.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+
+#include "ops/router.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace flagos::python {
+namespace {
+
+using Pairs = std::vector<std::pair<std::string, std::string>>;
+
+py::dict table_dict() {
+  py::dict d;
+  for (const ops::TableRow& row : ops::routing_table()) {
+    py::dict entry;
+    entry["backend"] = ops::backend_name(row.backend);
+    entry["requested"] = ops::backend_name(row.requested);
+    entry["source"] = row.source;
+    d[py::str(row.op)] = entry;
+  }
+  return d;
+}
+
+}  // namespace
+
+void bind_routing(py::module_& m) {
+  m.def(
+      "_routing_init",
+      [](const std::string& package_config_dir, const std::string& config_path, const Pairs& env_vars) {
+        HANDLE_TH_ERRORS
+        ops::init_routing(package_config_dir, config_path, env_vars);
+        END_HANDLE_TH_ERRORS_PYBIND
+      },
+      py::arg("package_config_dir"), py::arg("config_path"), py::arg("env_vars"));
+  m.def("_routing_load_config", [](const std::string& path) {
+    HANDLE_TH_ERRORS
+    ops::load_config(path);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_load_env", [](const Pairs& env_vars) {
+    HANDLE_TH_ERRORS
+    ops::load_env(env_vars);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_get", [](const std::string& op) {
+    HANDLE_TH_ERRORS
+    return std::string(ops::backend_name(ops::effective_backend(op)));
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_set", [](const std::string& op, std::optional<std::string> backend) {
+    HANDLE_TH_ERRORS
+    ops::set_api_route(op, backend);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_clear_api", []() {
+    HANDLE_TH_ERRORS
+    ops::clear_api_routes();
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_api_route", [](const std::string& op) -> py::object {
+    HANDLE_TH_ERRORS
+    const std::optional<ops::Backend> backend = ops::api_route(op);
+    return backend.has_value() ? py::cast(std::string(ops::backend_name(*backend))) : py::none();
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_push_override", [](const Pairs& mapping) {
+    HANDLE_TH_ERRORS
+    return ops::push_override(mapping);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_pop_override", [](uint64_t token) {
+    HANDLE_TH_ERRORS
+    ops::pop_override(token);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_explain", [](const std::string& op) {
+    HANDLE_TH_ERRORS
+    return ops::explain(op);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_table", []() {
+    HANDLE_TH_ERRORS
+    return table_dict();
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_canonical_name", [](const std::string& op) {
+    HANDLE_TH_ERRORS
+    return ops::op_display_name(ops::find_operator(op).operator_name());
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_parse_backend", [](const std::string& backend) -> py::object {
+    const std::optional<ops::Backend> parsed = ops::parse_backend(backend);
+    return parsed.has_value() ? py::cast(std::string(ops::backend_name(*parsed))) : py::none();
+  });
+  m.def("_routing_valid_backends_text", []() { return ops::valid_backends_text(); });
+  // The registry owns a reference to each callable forever (see ops::python_impl), so it takes one here.
+  m.def("_routing_set_python_impl", [](const std::string& op, py::object fn) {
+    HANDLE_TH_ERRORS
+    PyObject* impl = nullptr;
+    if (!fn.is_none()) {
+      TORCH_CHECK_TYPE(PyCallable_Check(fn.ptr()), "the Python implementation of ", op,
+                       " must be callable, got ", py::str(py::type::of(fn)).cast<std::string>());
+      impl = fn.inc_ref().ptr();
+    }
+    try {
+      return ops::set_python_impl(op, impl);
+    } catch (...) {
+      if (impl != nullptr) Py_DECREF(impl);
+      throw;
+    }
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_has_python_impl", [](const std::string& op) {
+    HANDLE_TH_ERRORS
+    return ops::has_python_impl(ops::find_operator(op).operator_name());
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_set_flaggems_available", &ops::set_flaggems_available);
+  m.def("_routing_flaggems_available", &ops::flaggems_available);
+  m.def("_routing_log_dispatch", &ops::dispatch_logging_enabled);
+  m.def("_routing_route_for_cost_ns", [](const std::string& op, int64_t iterations) {
+    HANDLE_TH_ERRORS
+    py::gil_scoped_release no_gil;
+    return ops::route_for_cost_ns(op, iterations);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+}
+
+}  // namespace flagos::python

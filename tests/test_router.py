@@ -1,0 +1,690 @@
+"""The router (torch_fl.routing): precedence of the four levels, config files, FLAGOS_OP_* variables,
+override contexts, explain/table, fall-through and the cost of route_for.
+
+In-process tests change the API level and the config level and restore them; anything read once per
+process (the environment, FLAGOS_LOG_DISPATCH, one-time warnings) is tested in subprocesses.
+
+Note on op names: on flagos, many functional ops (aten::mm, aten::add.Tensor) run a composite kernel
+that calls their ``out`` overload, so the overload that reaches the router is e.g. ``aten::mm.out``;
+these tests route those.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import pytest
+import torch
+
+import torch_fl
+from torch_fl import routing
+
+# Ops that reach the router on flagos (their PrivateUse1 kernel is the router's fallback).
+MM = "aten::mm.out"
+BMM = "aten::bmm.out"
+ADDMM = "aten::addmm.out"
+ADD = "aten::add.out"
+
+# The native device's dispatch key: CUDA on NVIDIA, CPU on the simulated accelerator.
+NATIVE = "CUDA" if torch_fl.accelerator() == "cuda" else "CPU"
+
+
+@pytest.fixture(autouse=True)
+def _clean_routing():
+    """Every test starts and ends with no API-level routes and the default config."""
+    routing.reset()
+    yield
+    routing.reset()
+    routing.load_config(None)
+
+
+def write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def op_without_native_kernel() -> str:
+    """An op that reaches the router but has no native kernel (so `native` is unavailable for it here)."""
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        if torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, NATIVE):
+            continue
+        table = torch._C._dispatch_dump_table(name)
+        line = next((entry for entry in table.splitlines() if entry.startswith("PrivateUse1:")), "")
+        if "[backend fallback]" in line:
+            return name
+    pytest.skip(f"every routed op has a {NATIVE} kernel in this torch build")
+
+
+# ---- names, defaults, API level ------------------------------------------------------------------------
+
+
+def test_backends():
+    assert routing.backends() == ["native", "cpu", "flaggems", "python"]
+
+
+def test_default_chain_is_native_when_the_native_device_has_a_kernel():
+    assert routing.get(MM) == "native"
+    assert routing.explain(MM) == f"aten::mm.out -> native (default: native has a {NATIVE} kernel)"
+    assert routing.table() == {}
+
+
+def test_default_chain_is_cpu_without_a_native_kernel():
+    op = op_without_native_kernel()
+    assert routing.get(op) == "cpu"
+    assert f"(default: native has no {NATIVE} kernel)" in routing.explain(op)
+
+
+@pytest.mark.parametrize("spelling", ["mm.out", "aten::mm.out", " aten::mm.out "])
+def test_op_spellings(spelling):
+    routing.set(spelling, "cpu")
+    assert routing.get(MM) == "cpu"
+    assert routing.table() == {MM: {"backend": "cpu", "requested": "cpu", "source": "api"}}
+
+
+def test_overload_less_name_is_the_default_overload():
+    routing.set("mm", "cpu")
+    assert list(routing.table()) == ["aten::mm"]
+    assert routing.get("aten::mm") == "cpu"
+    assert routing.get(MM) == "native", "the default overload must not route the out overload"
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        ("mmm", "unknown operator 'aten::mmm'"),
+        ("add", "aten::add has no default overload; its overloads: Scalar, Scalar_out, Tensor, out"),
+        ("add.Tenso", "aten::add has no overload 'Tenso'"),
+        ("not an op", "invalid operator name 'not an op'"),
+        ("nosuchns::op", "unknown operator 'nosuchns::op'"),
+    ],
+)
+def test_unknown_ops_are_errors(op, expected):
+    with pytest.raises(routing.RoutingError) as info:
+        routing.set(op, "cpu")
+    assert expected in str(info.value)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(ValueError):
+        routing.get(op)
+    with pytest.raises(ValueError):
+        routing.explain(op)
+
+
+def test_unknown_backend_is_an_error():
+    with pytest.raises(ValueError) as info:
+        routing.set("mm", "gpu")
+    message = str(info.value)
+    assert "unknown backend 'gpu' for aten::mm" in message
+    assert "valid: native, cpu, flaggems, python" in message and "cuda -> native" in message
+    assert routing.table() == {}
+
+
+def test_set_none_and_reset():
+    routing.set(MM, "cpu")
+    routing.set(BMM, "cpu")
+    routing.set(MM, None)
+    assert list(routing.table()) == [BMM]
+    routing.reset()
+    assert routing.table() == {}
+    assert routing.get(BMM) == "native"
+
+
+def test_legacy_aliases_at_api_level():
+    routing.set(MM, "cuda")
+    assert routing.get(MM) == "native"
+    assert routing.explain(MM) == "aten::mm.out -> native (api, written 'cuda')"
+    routing.set(MM, "FLAGOS_PYTHON")
+    assert routing.table()[MM]["requested"] == "flaggems"
+    routing.set(MM, "flagos")
+    assert routing.table()[MM]["requested"] == "flaggems"
+
+
+# ---- override contexts -----------------------------------------------------------------------------------
+
+
+def test_override_nests_and_restores():
+    routing.set(MM, "cpu")
+    with routing.override({MM: "native", BMM: "cpu"}):
+        assert routing.get(MM) == "native" and routing.get(BMM) == "cpu"
+        with routing.override({"mm.out": "cpu"}):
+            assert routing.get(MM) == "cpu"
+            assert routing.get(BMM) == "cpu", "an inner context keeps the outer one's other ops"
+        assert routing.get(MM) == "native"
+    assert routing.get(MM) == "cpu" and routing.get(BMM) == "native"
+    assert routing.table() == {MM: {"backend": "cpu", "requested": "cpu", "source": "api"}}
+
+
+def test_override_restores_on_exception():
+    with pytest.raises(KeyError):
+        with routing.override({MM: "cpu"}):
+            assert routing.get(MM) == "cpu"
+            raise KeyError("boom")
+    assert routing.get(MM) == "native"
+    assert routing.table() == {}
+
+
+def test_override_validates_before_changing_anything():
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        with routing.override({MM: "cpu", BMM: "gpu"}):
+            pytest.fail("the body must not run")
+    assert routing.table() == {}
+
+
+def test_overrides_of_threads_exit_in_any_order():
+    entered_a, entered_b, a_exited = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        with routing.override({MM: "cpu"}):
+            entered_a.set()
+            entered_b.wait(10)
+            seen["a inside, both live"] = routing.get(MM)
+        a_exited.set()
+
+    def thread_b():
+        entered_a.wait(10)
+        with routing.override({MM: "native", BMM: "cpu"}):
+            entered_b.set()
+            a_exited.wait(10)
+            seen["b inside, a exited"] = (routing.get(MM), routing.get(BMM))
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"a inside, both live": "native", "b inside, a exited": ("native", "cpu")}
+    assert routing.table() == {}
+
+
+def test_override_concurrent_threads_stress():
+    ops = [MM, BMM, ADDMM, ADD]
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def worker(index):
+        own = ops[index % len(ops)]
+        try:
+            barrier.wait(10)
+            for i in range(300):
+                backend = "cpu" if (i + index) % 2 else "native"
+                with routing.override({own: backend, MM: "cpu"}):
+                    if routing.get(MM) != "cpu":
+                        errors.append(f"thread {index}: {MM} is {routing.get(MM)} inside an override to cpu")
+                    routing.explain(own)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:5]
+    assert routing.table() == {}
+    assert all(routing.get(op) == "native" for op in ops)
+
+
+# ---- explain and table -----------------------------------------------------------------------------------
+
+
+def test_explain_names_the_rule_and_what_it_shadows(tmp_path):
+    conf = write(tmp_path / "x.conf", "# comment\nmm.out = native\n")
+    routing.load_config(conf)
+    assert routing.explain(MM) == f"aten::mm.out -> native (config {conf}:2)"
+    routing.set(MM, "cpu")
+    assert routing.explain(MM) == f"aten::mm.out -> cpu (api); shadowed: config {conf}:2 = native"
+    with routing.override({MM: "native"}):
+        assert routing.explain(MM) == (
+            f"aten::mm.out -> native (override); shadowed: api = cpu, config {conf}:2 = native"
+        )
+
+
+def test_explain_notes_ops_that_do_not_reach_the_router():
+    assert "CompositeExplicitAutogradNonFunctional kernel, which calls other ops (probably aten::mm.out)" in (
+        routing.explain("aten::mm")
+    )
+    assert "CompositeImplicitAutograd" in routing.explain("aten::linear")
+    assert "flagos has a kernel of its own" in routing.explain("aten::empty.memory_format")
+    assert "note" not in routing.explain(MM)
+
+
+def test_table_lists_every_explicit_route(tmp_path):
+    conf = write(tmp_path / "t.conf", "bmm.out = cpu\nmm.out = flaggems\n")
+    routing.load_config(conf)
+    routing.set(ADD, "cpu")
+    with routing.override({ADDMM: "cpu"}):
+        assert routing.table() == {
+            ADD: {"backend": "cpu", "requested": "cpu", "source": "api"},
+            ADDMM: {"backend": "cpu", "requested": "cpu", "source": "override"},
+            BMM: {"backend": "cpu", "requested": "cpu", "source": f"config {conf}:1"},
+            MM: {"backend": "native", "requested": "flaggems", "source": f"config {conf}:2"},
+        }
+
+
+# ---- fall-through --------------------------------------------------------------------------------------
+
+
+def test_fall_through_is_explained():
+    routing.set(MM, "flaggems")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert routing.get(MM) == "native"
+    assert routing.explain(MM) == (
+        "aten::mm.out -> native (api asked for flaggems; flaggems is unavailable: FlagGems is not available "
+        "in this process; fell through to native)"
+    )
+    routing.set(MM, "python")
+    assert "python is unavailable: no Python implementation is registered for it" in routing.explain(MM)
+    op = op_without_native_kernel()
+    routing.set(op, "flaggems")
+    text = routing.explain(op)
+    assert text.startswith(f"{op} -> cpu (api asked for flaggems; flaggems is unavailable")
+    assert f"native is unavailable: the {NATIVE} device has no kernel for it; fell through to cpu" in text
+
+
+def test_fall_through_warns_once_per_op_and_backend(run_python):
+    result = run_python(
+        """
+        import json, warnings
+        import torch, torch_fl
+        from torch_fl import routing
+        routing.set("aten::mm.out", "flaggems")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [routing.get("mm.out") for _ in range(3)]
+            a = torch.randn(4, 4, device="flagos")
+            for _ in range(3):
+                torch.mm(a, a)
+            routing.set("aten::mm.out", "python")  # another backend: one more warning
+            got += [routing.get("mm.out") for _ in range(2)]
+        print("RESULT " + json.dumps({"got": got, "warnings": [str(w.message) for w in caught]}))
+        """
+    ).check()
+    out = result.json()
+    assert out["got"] == ["native"] * 5
+    assert len(out["warnings"]) == 2, out["warnings"]
+    assert "aten::mm.out is routed to flaggems by api, but flaggems is unavailable" in out["warnings"][0]
+    assert "using native instead" in out["warnings"][0]
+    assert "routed to python" in out["warnings"][1]
+
+
+def test_flaggems_when_available():
+    routing.set(MM, "flaggems")
+    routing._set_flaggems_available(True)
+    try:
+        assert routing.get(MM) == "flaggems"
+        assert routing.explain(MM) == "aten::mm.out -> flaggems (api)"
+    finally:
+        routing._set_flaggems_available(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert routing.get(MM) == "native"
+
+
+# ---- python implementations -------------------------------------------------------------------------------
+
+
+def test_register_python_impl_routes_to_python():
+    def impl(*args, **kwargs):
+        raise AssertionError("not called by this test")
+
+    try:
+        assert routing.register_python_impl("bmm.out", impl) == BMM
+        assert routing.get(BMM) == "python"
+        assert routing.table()[BMM] == {"backend": "python", "requested": "python", "source": "api"}
+        routing.reset()
+        assert routing.get(BMM) == "native", "reset drops the route but not the implementation"
+        with routing.override({BMM: "python"}):
+            assert routing.get(BMM) == "python"
+        routing.set(BMM, "python")
+        routing.unregister_python_impl(BMM)
+        assert routing.table() == {}
+        assert routing.register_python_impl(BMM, impl, route=False) == BMM
+        assert routing.get(BMM) == "native"
+    finally:
+        routing.unregister_python_impl(BMM)
+    with pytest.raises(TypeError):
+        routing.register_python_impl(BMM, 42)
+
+
+def test_python_impl_runs_when_routed():
+    calls = []
+
+    def mm_out(self, mat2, *, out):
+        calls.append((self.device.type, mat2.device.type, out.device.type))
+        return torch.mm(self, mat2, out=out)
+
+    a = torch.randn(5, 3, device="flagos")
+    b = torch.randn(3, 4, device="flagos")
+    try:
+        routing.register_python_impl(MM, mm_out)
+        result = torch.mm(a, b)
+    finally:
+        routing.unregister_python_impl(MM)
+    native = "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
+    assert calls == [(native, native, native)], calls
+    assert result.device.type == "flagos"
+    torch.testing.assert_close(result.cpu(), a.cpu() @ b.cpu())
+
+
+# ---- routes actually taken --------------------------------------------------------------------------------
+
+
+def test_cpu_and_native_routes_agree():
+    a = torch.randn(64, 33, device="flagos")
+    b = torch.randn(64, 33, device="flagos")
+    with routing.override({ADD: "cpu"}):
+        on_cpu = torch.add(a, b, alpha=2)
+    with routing.override({ADD: "native"}):
+        on_native = torch.add(a, b, alpha=2)
+    assert on_cpu.device.type == on_native.device.type == "flagos"
+    torch.testing.assert_close(on_cpu.cpu(), on_native.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(on_native.cpu(), torch.add(a.cpu(), b.cpu(), alpha=2), rtol=0, atol=0)
+
+
+def test_log_dispatch_shows_each_decision(run_python):
+    code = """
+        import torch, torch_fl
+        a = torch.randn(4, 4, device="flagos")
+        torch.mm(a, a); torch.mm(a, a)
+        b = a + a
+        print("RESULT", torch_fl._C._routing_log_dispatch())
+        """
+    result = run_python(code, env={"FLAGOS_LOG_DISPATCH": "1", "FLAGOS_OP_add__out": "cpu"}).check()
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch]")]
+    assert (
+        lines.count(f"[flagos dispatch] aten::mm.out -> native (default: native has a {NATIVE} kernel)") == 2
+    )
+    assert "[flagos dispatch] aten::add.out -> cpu (env FLAGOS_OP_add__out)" in lines
+    quiet = run_python(code).check()
+    assert "[flagos dispatch]" not in quiet.stderr
+    assert "RESULT False" in quiet.stdout and "RESULT True" in result.stdout
+
+
+# ---- config files ---------------------------------------------------------------------------------------
+
+
+def test_config_format_include_and_later_lines_win(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "base.conf", "bmm.out = cpu\naddmm.out = cpu   # trailing comment\n")
+    conf = write(
+        tmp_path / "main.conf",
+        "# routing for a test\n"
+        "\n"
+        "mm.out = cpu\n"
+        "include sub/base.conf\n"
+        "   aten::bmm.out=native   \n"  # later than the include: wins
+        "mm.out = cpu\n"
+        "mm.out = cuda  # legacy name of native\n",
+    )
+    routing.load_config(conf)
+    base = str(tmp_path / "sub" / "base.conf")
+    assert routing.table() == {
+        ADDMM: {"backend": "cpu", "requested": "cpu", "source": f"config {base}:2"},
+        BMM: {"backend": "native", "requested": "native", "source": f"config {conf}:5"},
+        MM: {"backend": "native", "requested": "native", "source": f"config {conf}:7, written 'cuda'"},
+    }
+    assert routing.explain(MM) == f"aten::mm.out -> native (config {conf}:7, written 'cuda')"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("mm.out = cpu\nmmm = cpu\n", 2, "unknown operator 'aten::mmm'"),
+        (
+            "\n\nmm.out = gpu\n",
+            3,
+            "unknown backend 'gpu' for aten::mm.out (valid: native, cpu, flaggems, python;",
+        ),
+        ("mm.out cpu\n", 1, "syntax error: expected 'op = backend' or 'include FILE', got 'mm.out cpu'"),
+        ("mm.out = cpu = native\n", 1, "syntax error: more than one '='"),
+        ("= cpu\n", 1, "syntax error: no operator name before '='"),
+        ("mm.out =\n", 1, "syntax error: no backend after '='"),
+        ("mm.out = cpu native\n", 1, "syntax error: expected one backend name after '='"),
+        ("# ok\ninclude\n", 2, "syntax error: 'include' needs a file name"),
+        ("include missing.conf\n", 1, "cannot open included file"),
+    ],
+)
+def test_config_errors_name_file_and_line(tmp_path, text, line, message):
+    conf = write(tmp_path / "bad.conf", text)
+    routing.set(MM, "cpu")
+    with pytest.raises(routing.RoutingError) as info:
+        routing.load_config(conf)
+    assert str(info.value).startswith(f"{conf}:{line}: "), str(info.value)
+    assert message in str(info.value)
+    assert routing.table() == {MM: {"backend": "cpu", "requested": "cpu", "source": "api"}}, (
+        "a failed load must change nothing"
+    )
+
+
+def test_config_error_inside_an_include_names_the_included_file(tmp_path):
+    inner = write(tmp_path / "inner.conf", "mm.out = cpu\nbogus_op = cpu\n")
+    conf = write(tmp_path / "outer.conf", f"include {inner}\n")
+    with pytest.raises(ValueError, match=f"^{inner}:2: unknown operator 'aten::bogus_op'"):
+        routing.load_config(conf)
+    missing = write(tmp_path / "m.conf", "\ninclude nothing/here.conf\n")
+    with pytest.raises(ValueError) as info:
+        routing.load_config(missing)
+    assert str(info.value).startswith(
+        f"{missing}:2: cannot open included file '{tmp_path}/nothing/here.conf'"
+    )
+
+
+def test_config_include_cycle(tmp_path):
+    a = tmp_path / "a.conf"
+    b = tmp_path / "b.conf"
+    write(a, "mm.out = cpu\ninclude b.conf\n")
+    write(b, "\n\ninclude ./a.conf\n")
+    with pytest.raises(ValueError) as info:
+        routing.load_config(str(a))
+    assert str(info.value) == f"{b}:3: include cycle: {a} -> {b} -> {a}"
+    write(tmp_path / "self.conf", "include self.conf\n")
+    with pytest.raises(ValueError, match="self.conf:1: include cycle"):
+        routing.load_config(str(tmp_path / "self.conf"))
+
+
+def test_config_diamond_include_is_not_a_cycle(tmp_path):
+    write(tmp_path / "common.conf", "mm.out = cpu\n")
+    write(tmp_path / "x.conf", "include common.conf\n")
+    write(tmp_path / "y.conf", "include common.conf\n")
+    routing.load_config(write(tmp_path / "top.conf", "include x.conf\ninclude y.conf\n"))
+    assert routing.get(MM) == "cpu"
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot open config file '.*nope.conf'"):
+        routing.load_config(str(tmp_path / "nope.conf"))
+    with pytest.raises(ValueError, match="is a directory"):
+        routing.load_config(str(tmp_path))
+
+
+def test_load_config_replaces_the_config_level(tmp_path):
+    routing.load_config(write(tmp_path / "1.conf", "mm.out = cpu\nbmm.out = cpu\n"))
+    routing.load_config(write(tmp_path / "2.conf", "bmm.out = cpu\n"))
+    assert list(routing.table()) == [BMM]
+    routing.load_config(None)
+    assert routing.table() == {}
+
+
+def test_package_configs_parse():
+    config_dir = os.path.join(os.path.dirname(torch_fl.__file__), "configs")
+    names = sorted(os.listdir(config_dir))
+    assert {"sim.conf", "cuda.conf"} <= set(names)
+    for name in names:
+        routing.load_config(os.path.join(config_dir, name))
+
+
+def test_package_default_config_is_loaded_for_the_accelerator(run_python, tmp_path):
+    write(tmp_path / "sim.conf", "mm.out = cpu\n")
+    result = run_python(
+        f"""
+        import json, torch, torch_fl
+        from torch_fl import _C, routing
+        _C._routing_init({str(tmp_path)!r}, "", [])
+        print("RESULT " + json.dumps([torch_fl.accelerator(), routing.explain("mm.out")]))
+        """,
+        env={"FLAGOS_ACCELERATOR": "sim"},
+    ).check()
+    assert result.json() == ["sim", f"aten::mm.out -> cpu (config {tmp_path}/sim.conf:1)"]
+
+
+# ---- environment and precedence (subprocesses: read at import) ------------------------------------------
+
+
+def test_precedence_of_all_four_levels(run_python, tmp_path):
+    conf = write(tmp_path / "p.conf", "mm.out = cpu\nbmm.out = cpu\naddmm.out = cpu\nadd.out = cpu\n")
+    result = run_python(
+        """
+        import json, torch, torch_fl
+        from torch_fl import routing
+        routing.set("addmm.out", "native")
+        routing.set("add.out", "native")
+        with routing.override({"add.out": "cpu"}):
+            table = routing.table()
+            got = {op: routing.get(op) for op in table}
+        got["aten::sub.out"] = routing.get("sub.out")
+        print("RESULT " + json.dumps({"table": table, "got": got}))
+        """,
+        env={
+            "FLAGOS_BACKEND_CONFIG": conf,
+            "FLAGOS_OP_bmm__out": "native",
+            "FLAGOS_OP_addmm__out": "cpu",
+            "FLAGOS_OP_add__out": "cpu",
+        },
+    ).check()
+    out = result.json()
+    assert {op: row["source"] for op, row in out["table"].items()} == {
+        MM: f"config {conf}:1",
+        BMM: "env FLAGOS_OP_bmm__out",
+        ADDMM: "api",
+        ADD: "override",
+    }
+    assert out["got"] == {MM: "cpu", BMM: "native", ADDMM: "native", ADD: "cpu", "aten::sub.out": "native"}
+
+
+def test_env_names_and_legacy_values(run_python):
+    result = run_python(
+        """
+        import json, torch, torch_fl
+        from torch_fl import routing
+        print("RESULT " + json.dumps(routing.table()))
+        """,
+        env={
+            "FLAGOS_OP_mm__out": "cpu",  # the existing plugin's `.` -> `__` spelling
+            "FLAGOS_OP_mm": "cuda",  # legacy name of native, default overload
+            "FLAGOS_OP_add__Tensor": "flagos_python",  # legacy name of flaggems
+            "FLAGOS_OP___and____Tensor": "CPU",  # an op whose name contains '__'; case-insensitive
+            "FLAGOS_OP_bmm__out": "",  # empty: not set
+        },
+    ).check()
+    table = result.json()
+    assert table == {
+        "aten::mm.out": {"backend": "cpu", "requested": "cpu", "source": "env FLAGOS_OP_mm__out"},
+        "aten::mm": {
+            "backend": "native",
+            "requested": "native",
+            "source": "env FLAGOS_OP_mm, written 'cuda'",
+        },
+        "aten::add.Tensor": {
+            "backend": "native",
+            "requested": "flaggems",
+            "source": "env FLAGOS_OP_add__Tensor, written 'flagos_python'",
+        },
+        "aten::__and__.Tensor": {
+            "backend": "cpu",
+            "requested": "cpu",
+            "source": "env FLAGOS_OP___and____Tensor",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"FLAGOS_OP_mm": "gpu"},
+            "environment variable FLAGOS_OP_mm=gpu: unknown backend 'gpu' for aten::mm",
+        ),
+        ({"FLAGOS_OP_mmm": "cpu"}, "environment variable FLAGOS_OP_mmm: unknown operator 'aten::mmm'"),
+        ({"FLAGOS_OP_add__Tenso": "cpu"}, "FLAGOS_OP_add__Tenso: unknown operator 'aten::add.Tenso'"),
+        ({"FLAGOS_OP_": "cpu"}, "environment variable FLAGOS_OP_: no operator name"),
+    ],
+)
+def test_bad_env_fails_at_import(run_python, env, message):
+    result = run_python("import torch_fl", env=env)
+    assert result.returncode != 0, repr(result)
+    assert "RoutingError" in result.stderr and message in result.stderr, repr(result)
+
+
+def test_bad_backend_config_fails_at_import(run_python, tmp_path):
+    conf = write(tmp_path / "broken.conf", "mm = cpu\nmm = gpu\n")
+    result = run_python("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert result.returncode != 0
+    assert f"{conf}:2: unknown backend 'gpu' for aten::mm" in result.stderr, repr(result)
+
+
+def test_reset_all_rereads_the_environment(monkeypatch, tmp_path):
+    conf = write(tmp_path / "r.conf", "bmm.out = cpu\n")
+    monkeypatch.setenv("FLAGOS_OP_mm__out", "cpu")
+    monkeypatch.setenv("FLAGOS_BACKEND_CONFIG", conf)
+    routing.set(ADD, "cpu")
+    routing.reset(all=True)
+    assert routing.table() == {
+        BMM: {"backend": "cpu", "requested": "cpu", "source": f"config {conf}:1"},
+        MM: {"backend": "cpu", "requested": "cpu", "source": "env FLAGOS_OP_mm__out"},
+    }
+    monkeypatch.delenv("FLAGOS_OP_mm__out")
+    monkeypatch.delenv("FLAGOS_BACKEND_CONFIG")
+    routing.reset(all=True)
+    assert routing.table() == {}
+
+
+# ---- cost -----------------------------------------------------------------------------------------------
+
+
+def test_route_for_steady_state_cost():
+    best = min(torch_fl._C._routing_route_for_cost_ns(MM, 2_000_000) for _ in range(3))
+    assert best < 50, f"route_for costs {best:.1f} ns per call"
+
+
+def test_routing_changes_invalidate_the_cache():
+    a = torch.randn(3, 3, device="flagos")
+    for backend in ["cpu", "native", "cpu"]:
+        routing.set(ADD, backend)
+        assert routing.get(ADD) == backend
+        torch.testing.assert_close((a + a).cpu(), a.cpu() * 2)
+
+
+def test_routes_change_while_threads_run_ops():
+    a = torch.randn(32, device="flagos")
+    b = torch.randn(32, device="flagos")
+    expected = (a.cpu() + b.cpu()).tolist()
+    stop = threading.Event()
+    errors = []
+
+    def worker():
+        try:
+            while not stop.is_set():
+                if (a + b).cpu().tolist() != expected:
+                    errors.append("wrong result")
+                    return
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(200):
+            routing.set(ADD, "cpu" if i % 2 else "native")
+            with routing.override({ADD: "native" if i % 2 else "cpu"}):
+                pass
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:3]
