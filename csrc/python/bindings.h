@@ -1,0 +1,14 @@
+// Each bindings file adds its functions to the one extension module torch_fl._C.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace flagos::python {
+
+// csrc/python/routing.cpp: torch_fl.routing's native half.
+void bind_routing(pybind11::module_& m);
+
+// csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations.
+void install_python_impl_caller();
+
+}  // namespace flagos::python
