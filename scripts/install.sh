@@ -21,7 +21,7 @@ if (major, minor) < (2, 11):
 PY
 
 # Build requirements (no build isolation, so the build sees the installed torch) and test requirements.
-"$PYTHON" -m pip install -q "scikit-build-core>=0.10" ninja "pytest>=8" numpy
+"$PYTHON" -m pip install -q "scikit-build-core>=0.10" ninja "pytest>=8" numpy expecttest
 if ! command -v cmake >/dev/null 2>&1; then "$PYTHON" -m pip install -q cmake; fi
 
 echo "[torch_fl] building and installing (pip install --no-build-isolation -e .)"

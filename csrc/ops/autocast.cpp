@@ -10,14 +10,12 @@ namespace {
 using at::Tensor;
 using at::autocast::CastPolicy;
 
-// The policy lists below name these types unqualified, as torch's own registration file does.
-using at::IntArrayRef;
-using at::Scalar;
-using at::ScalarType;
+// The policy lists below name types unqualified, as torch's own registration file does; the set of
+// types differs between torch versions (2.11 names at::DimnameList, 2.13 has none), hence the using-directive.
+using namespace at;  // NOLINT(google-build-using-namespace)
 using c10::optional;
 using std::string_view;
 using std::vector;
-using SymIntArrayRef = c10::SymIntArrayRef;
 
 #define FLAGOS_KERNEL_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define FLAGOS_KERNEL_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)

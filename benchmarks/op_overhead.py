@@ -1,0 +1,138 @@
+"""Per-op host overhead of flagos against the native device, in the same process.
+
+For about 20 common ops on tiny tensors, each op is launched N times on the native device (CPU on the
+simulated accelerator, CUDA on NVIDIA) and N times on flagos, followed by one synchronize; the time per launch
+is the median of R repeats. Printed: microseconds per launch on both devices, the ratio and the difference,
+and the median ratio and difference over all ops. On the simulated accelerator the difference is what the
+flagos dispatch (router plus native route, or a basic kernel) adds over the native dispatch.
+
+    python benchmarks/op_overhead.py [--n 2000] [--repeats 5] [--ops add,mm]
+
+Run it once with FLAGOS_LOG_DISPATCH unset (the default) and, to see what logging costs, once with it set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torch_fl  # noqa: F401  (registers the flagos device)
+
+
+def native_device() -> str:
+    """The device type flagos runs on underneath (CPU on the simulated accelerator)."""
+    accelerator = os.environ.get("FLAGOS_ACCELERATOR", "")
+    if accelerator.startswith("nvidia") or (not accelerator and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+def synchronize(device: str) -> None:
+    if device == "flagos":
+        torch.flagos.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_cases(device: str) -> dict:
+    """Name -> zero-argument callable that launches the op once on tiny tensors of `device`."""
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+
+    a, b = t(16), t(16)
+    m1, m2 = t(8, 8), t(8, 8)
+    x = t(4, 16)
+    out = torch.empty(16, device=device)
+    idx = torch.tensor([0, 2, 4, 6], device=device)
+    mask = t(16) > 0
+    ln_w, ln_b = t(16), t(16)
+    nc = t(8, 8).t()
+    return {
+        "add": lambda: torch.add(a, b),
+        "mul": lambda: torch.mul(a, b),
+        "sub": lambda: torch.sub(a, b),
+        "div": lambda: torch.div(a, b),
+        "add_scalar": lambda: a + 1.0,
+        "add_": lambda: out.add_(a),
+        "relu": lambda: torch.relu(a),
+        "sigmoid": lambda: torch.sigmoid(a),
+        "tanh": lambda: torch.tanh(a),
+        "exp": lambda: torch.exp(a),
+        "sum": lambda: a.sum(),
+        "mean": lambda: a.mean(),
+        "mm": lambda: torch.mm(m1, m2),
+        "matmul": lambda: torch.matmul(m1, m2),
+        "softmax": lambda: torch.softmax(x, dim=-1),
+        "cat": lambda: torch.cat([a, b]),
+        "index_select": lambda: torch.index_select(a, 0, idx),
+        "copy_": lambda: out.copy_(a),
+        "clone": lambda: a.clone(),
+        "view+contiguous": lambda: nc.contiguous().view(64),
+        "where": lambda: torch.where(mask, a, b),
+        "masked_fill": lambda: a.masked_fill(mask, 0.0),
+        "layer_norm": lambda: F.layer_norm(x, (16,), ln_w, ln_b),
+        "gelu": lambda: F.gelu(a),
+        "transpose": lambda: m1.t(),
+    }
+
+
+def time_per_launch(fn, device: str, n: int, repeats: int) -> float:
+    """Median over `repeats` of (N launches + one synchronize) / N, in microseconds."""
+    for _ in range(min(n, 100)):  # warm-up
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=2000, help="launches per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ops", default="", help="comma-separated subset of the ops")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    native = native_device()
+    ref_cases, fl_cases = make_cases(native), make_cases("flagos")
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(ref_cases)
+    log = os.environ.get("FLAGOS_LOG_DISPATCH", "")
+    print(
+        f"torch {torch.__version__}, native device {native}, N={args.n}, repeats={args.repeats}, "
+        f"threads={args.threads}, FLAGOS_LOG_DISPATCH={log or '(unset)'}"
+    )
+    print(f"{'op':18} {native + ' us':>9} {'flagos us':>10} {'ratio':>7} {'diff us':>8}")
+    ratios, diffs = [], []
+    with torch.no_grad():
+        for name in names:
+            ref = time_per_launch(ref_cases[name], native, args.n, args.repeats)
+            fl = time_per_launch(fl_cases[name], "flagos", args.n, args.repeats)
+            ratios.append(fl / ref)
+            diffs.append(fl - ref)
+            print(f"{name:18} {ref:9.2f} {fl:10.2f} {fl / ref:7.2f} {fl - ref:8.2f}")
+    print(
+        f"median ratio {statistics.median(ratios):.2f}, median difference {statistics.median(diffs):.2f} us "
+        f"over {len(names)} ops"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
