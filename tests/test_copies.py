@@ -372,3 +372,16 @@ def test_large_copy():
     src = torch.randn(1 << 23)
     d = src.to("flagos")
     _same(d.cpu(), src)
+
+
+def test_conjugate_and_negative_views_copy_with_their_bits():
+    # Regression: copying a conj/neg view to or from flagos recursed through the Conjugate fallback
+    # until the process crashed.
+    c = torch.randn(5, dtype=torch.complex64)
+    x = c.to("flagos")
+    assert torch.equal(x.conj().cpu(), c.conj())
+    assert torch.equal(torch._neg_view(x).cpu(), -c)
+    assert torch.equal(x.conj().resolve_conj().cpu(), c.conj())
+    d = torch.empty(5, dtype=torch.complex64, device="flagos")
+    d.conj().copy_(c)
+    assert torch.equal(d.cpu(), c.conj())

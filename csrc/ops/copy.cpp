@@ -23,6 +23,7 @@ bool is_flagos(const at::Tensor& t) {
 // Same dtype and the same dense memory layout: the copy is one contiguous block of bytes.
 bool same_dense_layout(const at::Tensor& src, const at::Tensor& dst) {
   if (src.dtype() != dst.dtype() || src.sizes() != dst.sizes()) return false;
+  if (src.is_conj() != dst.is_conj() || src.is_neg() != dst.is_neg()) return false;
   if (!src.is_non_overlapping_and_dense() || !dst.is_non_overlapping_and_dense()) return false;
   for (int64_t d = 0; d < dst.dim(); ++d) {
     if (dst.size(d) > 1 && src.stride(d) != dst.stride(d)) return false;
@@ -92,7 +93,11 @@ at::Tensor host_copy_of(const at::Tensor& t) {
 }
 
 // Writes host tensor `values` (dst's sizes, any dtype/layout) into flagos tensor dst.
-void write_to_device(const at::Tensor& values, const at::Tensor& dst) {
+void write_to_device(const at::Tensor& logical_values, const at::Tensor& dst) {
+  // dst's memory holds raw values: undo the conjugate/negative view bits it carries.
+  at::Tensor values = logical_values;
+  if (dst.is_conj()) values = values.conj_physical();
+  if (dst.is_neg()) values = values.neg();
   if (dst.is_non_overlapping_and_dense()) {
     at::Tensor staged = at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(c10::kCPU));
     staged.copy_(values);
@@ -120,7 +125,13 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
   }
   // Conversion of dtype or layout. Until device kernels exist for it this runs on the host, staging the
   // flagos side through host copies; it is always synchronous.
-  const at::Tensor host_src = is_flagos(src) ? host_copy_of(src) : src;
+  at::Tensor host_src = src;
+  if (is_flagos(src)) {
+    // Raw values from the device; the view bits make the host tensor read them as src does.
+    host_src = host_copy_of(src);
+    if (src.is_conj()) host_src = host_src._conj();
+    if (src.is_neg()) host_src = host_src._neg_view();
+  }
   if (is_flagos(dst)) {
     write_to_device(host_src, dst);
   } else {
@@ -144,6 +155,19 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+}
+
+// The copies resolve conjugate and negative view bits themselves. Without these fallthroughs the
+// Conjugate/Negative fallbacks would materialise the source with clone(), which copies through
+// _copy_from again: an endless recursion.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace
