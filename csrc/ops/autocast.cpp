@@ -11,7 +11,8 @@ using at::Tensor;
 using at::autocast::CastPolicy;
 
 // The policy lists below name types unqualified, as torch's own registration file does; the set of
-// types differs between torch versions (2.11 names at::DimnameList, 2.13 has none), hence the using-directive.
+// types differs between torch versions (2.11 names at::DimnameList, 2.13 has none), hence the
+// using-directive.
 using namespace at;  // NOLINT(google-build-using-namespace)
 using c10::optional;
 using std::string_view;
