@@ -230,21 +230,7 @@ namespace detail = flagos::hal::detail;
 
 extern "C" {
 
-FLAGOS_HAL_API int flagos_hal_abi_version(void) {
-  return FLAGOS_HAL_ABI_VERSION;
-}
-
-FLAGOS_HAL_API const char* flagos_hal_name(void) {
-  return "cuda";
-}
-
-FLAGOS_HAL_API const char* flagos_get_error_string(flagos_status_t status) {
-  return detail::status_name(status);
-}
-
-FLAGOS_HAL_API const char* flagos_get_last_error_message(void) {
-  return detail::last_error_message().c_str();
-}
+FLAGOS_HAL_DEFINE_IDENTITY("cuda")
 
 FLAGOS_HAL_API flagos_status_t flagos_get_device_count(int* count) {
   if (count == nullptr) return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_get_device_count: count is NULL");
