@@ -13,7 +13,7 @@ status=$?
 tail -5 "$LOGS/build.log"
 [ $status -eq 0 ] || { echo "build failed"; exit 1; }
 python3 -m torch_fl | tee "$LOGS/report.log"
-echo "== pytest, simulated accelerator"
-FLAGOS_ACCELERATOR=sim python3 -m pytest tests -q -x -p no:cacheprovider "$@" 2>&1 | tail -25 | tee "$LOGS/pytest-sim.log"
+echo "== pytest, simulated accelerator (GPU hidden from torch, as on CI)"
+CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim python3 -m pytest tests -q -x -p no:cacheprovider "$@" 2>&1 | tail -25 | tee "$LOGS/pytest-sim.log"
 echo "== pytest, auto (cuda when a GPU is visible)"
 python3 -m pytest tests -q -p no:cacheprovider "$@" 2>&1 | tail -40 | tee "$LOGS/pytest-auto.log"
