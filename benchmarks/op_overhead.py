@@ -26,11 +26,9 @@ import torch_fl  # noqa: F401  (registers the flagos device)
 
 
 def native_device() -> str:
-    """The device type flagos runs on underneath (CPU on the simulated accelerator)."""
-    accelerator = os.environ.get("FLAGOS_ACCELERATOR", "")
-    if accelerator.startswith("nvidia") or (not accelerator and torch.cuda.is_available()):
-        return "cuda"
-    return "cpu"
+    """The device type flagos runs on underneath: the torch device type backing it (cuda), else CPU (the
+    simulated accelerator's kernels)."""
+    return torch_fl._C._backing_type() or "cpu"
 
 
 def synchronize(device: str) -> None:

@@ -1,19 +1,60 @@
 #!/usr/bin/env bash
-# Run on the lent GPU machine (see docs/gpu.md): fresh build against its torch, then the test suites,
-# logs under $OUT (or ./gpu-logs). Usage: scripts/gpu_check.sh [pytest args...]
+# Run on the lent GPU machine (see docs/gpu.md): a fresh build against its torch, then the chosen stages,
+# each with its own time limit, logs under $OUT (or ./gpu-logs).
+#
+#   scripts/gpu_check.sh [stage...]     stages: build ctest cuda sim opinfo bench (default: all, in order)
+#
+# Wheels the machine lacks (expecttest, FlagGems; scripts/gpu_wheels.sh downloads them into .whl/) are
+# installed into /tmp/site first when .whl/ is there.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build ctest cuda sim opinfo bench)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
-rm -rf build
-( time python3 -m pip install -q --no-build-isolation --no-deps -e . ) > "$LOGS/build.log" 2>&1
-status=$?
-tail -5 "$LOGS/build.log"
-[ $status -eq 0 ] || { echo "build failed"; exit 1; }
+
+if want build || [ ! -d build ]; then
+  rm -rf build
+  ( time python3 -m pip install -q --no-build-isolation --no-deps -e . ) > "$LOGS/build.log" 2>&1
+  status=$?
+  tail -4 "$LOGS/build.log"
+  [ $status -eq 0 ] || { echo "build failed"; exit 1; }
+fi
 python3 -m torch_fl | tee "$LOGS/report.log"
-echo "== pytest, simulated accelerator (GPU hidden from torch, as on CI)"
-CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim python3 -m pytest tests -q -x -p no:cacheprovider "$@" 2>&1 | tail -25 | tee "$LOGS/pytest-sim.log"
-echo "== pytest, auto (cuda when a GPU is visible)"
-python3 -m pytest tests -q -p no:cacheprovider "$@" 2>&1 | tail -40 | tee "$LOGS/pytest-auto.log"
+
+if want ctest; then
+  echo "== HAL conformance (ctest)"
+  ( cmake -S tests/cpp/standalone -B build/hal-tests -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null &&
+    cmake --build build/hal-tests > /dev/null &&
+    timeout 120 ctest --test-dir build/hal-tests 2>&1 ) | tee "$LOGS/ctest.log" | grep -E "tests passed|Failed|\*\*\*"
+fi
+if want cuda; then
+  echo "== pytest, cuda accelerator (auto)"
+  timeout 330 python3 -m pytest tests -q -p no:cacheprovider --deselect tests/test_opinfo.py 2>&1 \
+    | tee "$LOGS/pytest-cuda.log" | tail -30
+  echo "== pytest -m gpu"
+  grep -E "passed|failed" "$LOGS/pytest-cuda.log" | tail -1
+fi
+if want sim; then
+  echo "== pytest, simulated accelerator (GPU hidden from torch, as on CI)"
+  CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim timeout 300 python3 -m pytest tests -q -p no:cacheprovider \
+    --deselect tests/test_opinfo.py 2>&1 | tee "$LOGS/pytest-sim.log" | tail -15
+fi
+if want opinfo; then
+  echo "== OpInfo: flagos (cuda) against cuda, bitwise"
+  timeout 420 python3 -m tests.opinfo.harness --device-ref cuda --exact --dtypes float32,float64,bfloat16,int64,bool \
+    --out "$LOGS/opinfo-cuda.json" 2>&1 | tail -40 | tee "$LOGS/opinfo-cuda.log"
+fi
+if want bench; then
+  echo "== benchmarks"
+  timeout 120 python3 benchmarks/op_overhead.py --repeats 7 2>&1 | tee "$LOGS/op_overhead.log"
+  timeout 120 python3 benchmarks/transfers.py 2>&1 | tee "$LOGS/transfers.log"
+fi

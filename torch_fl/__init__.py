@@ -49,4 +49,38 @@ def accelerator() -> str | None:
     return _C._accelerator_name()
 
 
-__all__ = ["flagos", "routing", "build_info", "accelerator", "__version__"]
+def as_cuda(tensor: torch.Tensor) -> torch.Tensor:
+    """A cuda tensor sharing memory with flagos tensor `tensor` (same shape, strides and dtype; no copy).
+    The view keeps the memory alive. Needs flagos backed by torch's CUDA (the cuda accelerator)."""
+    return _C._alias_as_native(tensor)
+
+
+def from_cuda(tensor: torch.Tensor) -> torch.Tensor:
+    """A flagos tensor sharing memory with cuda tensor `tensor` (no copy); the reverse of `as_cuda`."""
+    return _C._adopt_native(tensor)
+
+
+def to_dlpack(tensor: torch.Tensor):
+    """A DLPack capsule of flagos tensor `tensor` (described as CUDA memory, which it is), no copy."""
+    return torch.utils.dlpack.to_dlpack(as_cuda(tensor))
+
+
+def from_dlpack(external) -> torch.Tensor:
+    """A flagos tensor over CUDA memory given as a DLPack capsule or an object with ``__dlpack__``."""
+    tensor = torch.from_dlpack(external)
+    if tensor.device.type != "cuda":
+        raise ValueError(f"torch_fl.from_dlpack expects CUDA memory, got memory on {tensor.device}")
+    return from_cuda(tensor)
+
+
+__all__ = [
+    "flagos",
+    "routing",
+    "build_info",
+    "accelerator",
+    "as_cuda",
+    "from_cuda",
+    "to_dlpack",
+    "from_dlpack",
+    "__version__",
+]

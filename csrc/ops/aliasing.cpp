@@ -6,15 +6,64 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
 namespace {
 
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
+
+c10::DispatchKey dense_key(c10::DeviceType type) {
+  if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
+  return runtime::is_backed() && type == runtime::backing_type() ? runtime::backing_dispatch_key()
+                                                                 : c10::DispatchKey::CPU;
+}
+
+// A tensor of device type `type` with t's dtype, geometry and conjugate/negative bits over `storage`.
+at::Tensor tensor_over(c10::Storage storage, c10::DeviceType type, const at::Tensor& t) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(dense_key(type)),
+                                                   t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+// A storage of device type `type` viewing `storage`'s memory and keeping it alive. Resizable through
+// `allocator`, so out= arguments can grow (the grown memory is then the new storage's own).
+c10::Storage borrowed_storage(const c10::Storage& storage, c10::DeviceType type, c10::Allocator* allocator) {
+  // CPU is the one device without an index.
+  const c10::Device device(type, type == c10::DeviceType::CPU ? -1 : storage.device().index());
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), runtime::borrow(storage, device),
+                      allocator, /*resizable=*/true);
+}
+
+// Whether native storage `s` holds memory of the backing allocator that nothing else references
+// (`holders` references are ours), so it can become flagos memory as it is.
+bool can_take_memory(const c10::Storage& s, size_t holders) {
+  return runtime::is_backed() && static_cast<size_t>(s.use_count()) <= holders &&
+         s.data_ptr().get_deleter() == runtime::backing_allocator().raw_deleter();
+}
+
+// Takes the memory out of native storage `s` (left empty), relabelled as flagos memory. The backing
+// allocator keeps tracking the block: the DataPtr keeps its deleter and context.
+c10::DataPtr take_memory(const c10::Storage& s) {
+  c10::StorageImpl* impl = s.unsafeGetStorageImpl();
+  c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, s.device()));
+  impl->set_nbytes(0);
+  return runtime::relabel_as_flagos(std::move(data));
+}
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const c10::TypePtr& type = arg.type();
+  if (type->kind() != c10::TypeKind::OptionalType) return false;
+  return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
 
 struct AliasedStorage {
   c10::Storage flagos;
@@ -32,13 +81,16 @@ class AliasScope {
   explicit AliasScope(c10::DeviceType native_type) : native_type_(native_type) {}
 
   at::Tensor alias(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kFlagos) return t;
+    if (!t.defined()) return t;
+    if (t.device().type() != kFlagos) {
+      // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
+      // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
+      // be between cuda and cpu, not a silent success on the aliases.
+      if (t.device().type() != c10::DeviceType::CPU) note_device(t.device());
+      return t;
+    }
     note_device(t.device());
-    c10::Storage storage = alias_storage(t.storage());
-    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(native_key()),
-                                                     t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    at::Tensor native(std::move(impl));
+    at::Tensor native = tensor_over(alias_storage(t.storage()), native_type_, t);
     tensors_.push_back({native, t});
     return native;
   }
@@ -71,9 +123,21 @@ class AliasScope {
       return v;
     }
     if (v.isDevice() && v.toDevice().type() == kFlagos) {
-      return c10::Device(native_type_);
+      const c10::Device d = v.toDevice();
+      const c10::DeviceIndex index = d.has_index() ? d.index() : runtime::current_device();
+      // The tensors' device wins; a device argument only places calls that have no flagos tensor.
+      if (!device_.has_value()) device_ = c10::Device(kFlagos, index);
+      return c10::Device(native_type_, native_type_ == c10::DeviceType::CPU ? -1 : index);
     }
     return v;
+  }
+
+  // The flagos generator of the call's device stands in for an omitted one (`generator=None`), so that
+  // torch.flagos.manual_seed governs flagos random ops rather than the native device's default generator.
+  c10::IValue default_generator() const {
+    if (!device_.has_value()) return c10::IValue();
+    const at::Generator& gen = runtime::default_generator(device_->index());
+    return static_cast<runtime::FlagosGenerator*>(gen.unsafeGetGeneratorImpl())->native();
   }
 
   // The flagos result for a native result of the call.
@@ -84,9 +148,7 @@ class AliasScope {
       // In-place or out=: the caller's own tensor. A kernel may have resized an out= argument.
       if (out.storage().unsafeGetStorageImpl() != a.native.storage().unsafeGetStorageImpl() ||
           out.storage().data() != a.flagos.storage().data()) {
-        // The out= storage had to grow: move the new content into flagos memory.
-        at::Tensor moved = fresh_flagos(out);
-        a.flagos.set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
+        adopt_regrown(out, a.flagos);
       } else if (out.sizes() != a.flagos.sizes() || out.strides() != a.flagos.strides() ||
                  out.storage_offset() != a.flagos.storage_offset()) {
         a.flagos.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(),
@@ -95,15 +157,13 @@ class AliasScope {
       return a.flagos;
     }
     for (AliasedStorage& s : storages_) {
-      if (s.native.unsafeGetStorageImpl() != out.storage().unsafeGetStorageImpl()) continue;
-      // A view of an input: the same view over the caller's flagos storage.
-      auto impl = c10::make_intrusive<c10::TensorImpl>(
-          c10::Storage(s.flagos), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), out.dtype());
-      impl->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
-      return at::Tensor(std::move(impl));
+      // A view of an input (or of an earlier adopted output): the same view over its flagos storage.
+      if (s.native.unsafeGetStorageImpl() == out.storage().unsafeGetStorageImpl()) {
+        return tensor_over(s.flagos, kFlagos, out);
+      }
     }
     if (out.device().type() != native_type_) return out;  // e.g. a CPU scalar result on a CUDA machine
-    return fresh_flagos(out);
+    return adopt_fresh(out);
   }
 
   c10::IValue adopt_value(const c10::IValue& v) {
@@ -119,10 +179,6 @@ class AliasScope {
   std::optional<c10::Device> device() const { return device_; }
 
  private:
-  c10::DispatchKey native_key() const {
-    return native_type_ == c10::DeviceType::CUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
-  }
-
   void note_device(c10::Device d) {
     if (!device_.has_value()) {
       device_ = d;
@@ -137,24 +193,54 @@ class AliasScope {
     for (AliasedStorage& s : storages_) {
       if (s.flagos.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) return s.native;
     }
-    // The alias's DataPtr keeps the flagos storage alive for as long as any alias or view of it lives.
-    auto* keep_alive = new c10::Storage(storage);
-    c10::DataPtr data(
-        storage.mutable_data(), keep_alive, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },
-        c10::Device(native_type_));
-    // Resizable through the native allocator, so out= arguments can grow; adopt() moves such results back.
-    c10::Storage native(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
-                        c10::GetAllocator(native_type_), /*resizable=*/true);
+    c10::Storage native = borrowed_storage(storage, native_type_, c10::GetAllocator(native_type_));
     storages_.push_back({storage, native});
     return native;
   }
 
-  // A flagos tensor holding the values of native tensor `out` (copied: its memory is not flagos memory).
-  at::Tensor fresh_flagos(const at::Tensor& out) {
-    c10::Device target = device_.value_or(c10::Device(kFlagos, runtime::current_device()));
-    at::Tensor result = at::empty_strided(out.sizes(), out.strides(), out.options().device(target));
-    result.copy_(out);
-    return result;
+  c10::Device flagos_target() const {
+    return device_.value_or(c10::Device(kFlagos, runtime::current_device()));
+  }
+
+  // A result the kernel allocated itself. On a backed accelerator its memory comes from the pool flagos
+  // uses too, so it becomes flagos memory as it is: moved when nothing else holds it, else borrowed. On the
+  // simulated accelerator CPU-kernel memory is not flagos (HAL) memory, so the values are copied.
+  at::Tensor adopt_fresh(const at::Tensor& out) {
+    if (!runtime::is_backed()) {
+      at::Tensor result =
+          at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
+      result.copy_(out);
+      return result;
+    }
+    const c10::Storage& native = out.storage();
+    c10::Storage flagos;
+    if (can_take_memory(native, /*holders=*/1)) {
+      const size_t nbytes = native.nbytes();
+      flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(native),
+                            runtime::device_allocator(), /*resizable=*/true);
+    } else {
+      // Shared (several outputs view it): borrow it, and remember it so the other outputs map onto it.
+      flagos = borrowed_storage(native, kFlagos, runtime::device_allocator());
+      storages_.push_back({flagos, native});
+    }
+    return tensor_over(std::move(flagos), kFlagos, out);
+  }
+
+  // An out= argument whose storage the kernel had to grow: the flagos tensor takes the new memory.
+  void adopt_regrown(const at::Tensor& out, const at::Tensor& flagos) {
+    // Our references to the grown storage: the alias tensor and the alias list entry.
+    if (can_take_memory(out.storage(), /*holders=*/2)) {
+      // Every flagos view of the storage sees the new memory, as after resize_ on a native device.
+      const size_t nbytes = out.storage().nbytes();
+      c10::StorageImpl* target = flagos.storage().unsafeGetStorageImpl();
+      target->set_data_ptr_noswap(take_memory(out.storage()));
+      target->set_nbytes(nbytes);
+      flagos.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
+      return;
+    }
+    at::Tensor moved = at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
+    moved.copy_(out);
+    flagos.set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
   }
 
   c10::DeviceType native_type_;
@@ -166,21 +252,38 @@ class AliasScope {
 }  // namespace
 
 c10::DeviceType native_device_type() {
-  const auto* hal = runtime::hal_or_null();
-  if (hal != nullptr && hal->name == "cuda") return c10::DeviceType::CUDA;
-  return c10::DeviceType::CPU;
+  return runtime::is_backed() ? runtime::backing_type() : c10::DeviceType::CPU;
+}
+
+at::Tensor alias_as_native(const at::Tensor& flagos) {
+  TORCH_CHECK(flagos.device().type() == kFlagos, "expected a flagos tensor, got one on ", flagos.device());
+  const c10::DeviceType type = native_device_type();
+  return tensor_over(borrowed_storage(flagos.storage(), type, c10::GetAllocator(type)), type, flagos);
+}
+
+at::Tensor adopt_native(const at::Tensor& native) {
+  const c10::DeviceType type = native_device_type();
+  TORCH_CHECK(native.device().type() == type, "expected a tensor on the flagos accelerator's native device (",
+              c10::DeviceTypeName(type, true), "), got one on ", native.device());
+  return tensor_over(borrowed_storage(native.storage(), kFlagos, runtime::device_allocator()), kFlagos,
+                     native);
 }
 
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                             const std::function<void(torch::jit::Stack*)>& run) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  AliasScope scope(native_device_type());
+  const c10::DeviceType native_type = native_device_type();
+  AliasScope scope(native_type);
   auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   for (auto it = args_begin; it != stack->end(); ++it) *it = scope.alias_value(*it);
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& arg = *(args_begin + static_cast<std::ptrdiff_t>(i));
+    if (arg.isNone() && is_optional_generator(schema.arguments()[i])) arg = scope.default_generator();
+  }
 
   c10::OptionalDeviceGuard guard(scope.device());
-  if (scope.device().has_value() && native_device_type() == c10::DeviceType::CPU) {
+  if (scope.device().has_value() && native_type == c10::DeviceType::CPU) {
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
     const c10::Stream stream = runtime::current_stream(scope.device()->index());
     runtime::check_hal(runtime::hal().stream_synchronize(runtime::hal_stream(stream)),

@@ -4,8 +4,10 @@
 #include <ATen/ops/empty_strided.h>
 #include <torch/library.h>
 
+#include "ops/aliasing.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -118,6 +120,14 @@ void write_to_device(const at::Tensor& logical_values, const at::Tensor& dst) {
 
 void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
+  if (runtime::is_backed()) {
+    // The backing device type's own copy on aliases: its streams (flagos's), pinned non_blocking copies
+    // fenced by its host allocator, conversions and peer copies on the device, no host staging.
+    const at::Tensor native_dst = is_flagos(dst) ? alias_as_native(dst) : dst;
+    const at::Tensor native_src = is_flagos(src_in) ? alias_as_native(src_in) : src_in;
+    native_dst.copy_(native_src, non_blocking);
+    return;
+  }
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);
   if (same_dense_layout(src, dst)) {
     copy_bytes(src, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(), non_blocking);

@@ -9,13 +9,14 @@
 #include "ops/aliasing.h"
 #include "ops/python_route.h"
 #include "ops/router.h"
+#include "runtime/native_backing.h"
 
 namespace flagos::ops {
 namespace {
 
 void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::DispatchKeySet native_keys(
-      native_device_type() == c10::DeviceType::CUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+  const c10::DispatchKeySet native_keys(runtime::is_backed() ? runtime::backing_dispatch_key()
+                                                             : c10::DispatchKey::CPU);
   call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(native_keys, s); });
 }
 

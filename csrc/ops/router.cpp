@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 
 namespace flagos::ops {
 namespace {
@@ -136,14 +137,14 @@ Backend parse_backend_or_throw(const std::string& written, const std::string& op
   return *backend;
 }
 
-// The native device follows the accelerator: CUDA on the cuda HAL, CPU otherwise (the simulated
-// accelerator keeps its memory in host RAM). Asking selects the accelerator, so it waits for first use.
+// The native device follows the accelerator: the torch device type backing flagos (CUDA on NVIDIA), else
+// CPU (the simulated accelerator keeps its memory in host RAM). Asking selects the accelerator, so it
+// waits for first use.
 void ensure_native_locked(State& s) {
   if (s.native_known) return;
-  const hal::HalTable* table = runtime::hal_or_null();
-  if (table != nullptr && table->name == "cuda") {
-    s.native_key = c10::DispatchKey::CUDA;
-    s.native_device = "CUDA";
+  if (runtime::is_backed()) {
+    s.native_key = runtime::backing_dispatch_key();
+    s.native_device = runtime::backing_type() == c10::DeviceType::CUDA ? "CUDA" : "the backing device";
   }
   s.native_known = true;
 }

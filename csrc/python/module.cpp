@@ -5,14 +5,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include "ops/aliasing.h"
 #include "python/bindings.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace py = pybind11;
@@ -137,7 +140,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", []() { return static_cast<int>(device_count()); });
   m.def("_is_initialized", &is_initialized);
   m.def("_in_bad_fork", &in_bad_fork);
-  m.def("_init", []() { hal(); });
+  m.def("_init", []() {
+    hal();
+    init_backing();
+  });
+  // The torch device type backing flagos ("cuda"), or None when flagos runs its own runtime.
+  m.def("_backing_type", []() -> py::object {
+    if (!is_backed()) return py::none();
+    return py::cast(c10::DeviceTypeName(backing_type(), /*lower_case=*/true));
+  });
 
   m.def("_get_device", []() { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
@@ -153,10 +164,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device_properties", &device_properties);
   // torch.Event.elapsed_time accepts only exact torch.Event arguments, so torch.flagos.Event (a subclass)
   // measures through its event ids, which are the guard's event handles.
-  m.def("_event_elapsed_time", [](uintptr_t start, uintptr_t end) {
+  m.def("_event_elapsed_time", [](uintptr_t start, uintptr_t end, int device) {
     py::gil_scoped_release no_gil;
     return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
-        ->elapsedTime(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end), -1);
+        ->elapsedTime(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end),
+                      static_cast<c10::DeviceIndex>(device));
   });
 
   m.def("_get_current_stream",
@@ -188,6 +200,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](int d) {
     const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(d));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+  });
+
+  // Zero-copy views between flagos and the backing device type (torch_fl.as_cuda / from_cuda).
+  m.def("_alias_as_native", [](const at::Tensor& t) {
+    TORCH_CHECK(is_backed(),
+                "torch_fl.as_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with a "
+                "CUDA build of torch); the accelerator in use is ",
+                hal().name);
+    return flagos::ops::alias_as_native(t);
+  });
+  m.def("_adopt_native", [](const at::Tensor& t) {
+    TORCH_CHECK(is_backed(),
+                "torch_fl.from_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with "
+                "a CUDA build of torch); the accelerator in use is ",
+                hal().name);
+    return flagos::ops::adopt_native(t);
   });
 
   flagos::python::bind_routing(m);

@@ -1,5 +1,7 @@
 #include "runtime/allocator.h"
 
+#include <ATen/ops/from_blob.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 #include <c10/util/irange.h>
@@ -14,6 +16,7 @@
 
 #include "runtime/device.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
@@ -334,39 +337,70 @@ size_t CachingDeviceAllocator::rounded_size(size_t nbytes) {
 }
 
 c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
+  if (is_backed()) return relabel_as_flagos(backing_allocator().allocate(nbytes));
   return allocator_state().allocate(nbytes);
 }
 
 c10::DeleterFnPtr CachingDeviceAllocator::raw_deleter() const {
+  if (is_backed()) return backing_allocator().raw_deleter();
   return &free_ptr;
 }
 
 void CachingDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (is_backed()) {
+    backing_allocator().copy_data(dest, src, count);
+    return;
+  }
   check_hal(hal().memcpy(dest, src, count, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
             "flagos_memcpy (device to device)");
 }
 
 bool CachingDeviceAllocator::initialized() {
+  if (is_backed()) return is_initialized() && backing_allocator().initialized();
   return is_initialized();
 }
 
-void CachingDeviceAllocator::emptyCache(c10::MempoolId_t) {
+void CachingDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
+  if (is_backed()) {
+    backing_allocator().emptyCache(mempool_id);
+    return;
+  }
   allocator_state().empty_cache();
 }
 
 void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (is_backed()) {
+    // A flagos view of memory the backing allocator handed to someone else: record the owner's block.
+    const c10::Storage* owner = borrowed_from(ptr);
+    backing_allocator().recordStream(owner != nullptr ? owner->data_ptr() : ptr, to_backing(stream));
+    return;
+  }
   allocator_state().record_stream(ptr, stream);
 }
 
 c10::CachingDeviceAllocator::DeviceStats CachingDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
+  if (is_backed()) {
+    check_device_index(device);
+    return backing_allocator().getDeviceStats(device);
+  }
   return allocator_state().stats(device);
 }
 
 void CachingDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  if (is_backed()) {
+    check_device_index(device);
+    backing_allocator().resetAccumulatedStats(device);
+    return;
+  }
   allocator_state().reset_accumulated(device);
 }
 
 void CachingDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
+  if (is_backed()) {
+    check_device_index(device);
+    backing_allocator().resetPeakStats(device);
+    return;
+  }
   allocator_state().reset_peak(device);
 }
 
@@ -403,9 +437,18 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
   const size_t copy_bytes = std::min(old_bytes, new_bytes);
   if (copy_bytes > 0) {
     const c10::Stream stream = current_stream(device);
-    check_hal(hal().memcpy_async(new_data.get(), storage.data(), copy_bytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
-                                 hal_stream(stream)),
-              "flagos_memcpy_async (storage resize)");
+    if (is_backed()) {
+      // The backing type's own copy kernel, ordered on its current stream (which is flagos's).
+      const c10::DeviceGuard guard(c10::Device(backing_type(), device));
+      const auto bytes = at::TensorOptions().dtype(at::kByte).device(backing_type(), device);
+      at::from_blob(new_data.get(), {static_cast<int64_t>(copy_bytes)}, bytes)
+          .copy_(at::from_blob(storage.mutable_data(), {static_cast<int64_t>(copy_bytes)}, bytes),
+                 /*non_blocking=*/true);
+    } else {
+      check_hal(hal().memcpy_async(new_data.get(), storage.data(), copy_bytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
+                                   hal_stream(stream)),
+                "flagos_memcpy_async (storage resize)");
+    }
     device_allocator()->recordStream(storage.data_ptr(), stream);
   }
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(new_data));

@@ -8,13 +8,19 @@
 #include <vector>
 
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 
 namespace flagos::runtime {
 namespace {
 
-// The native generator that matches the accelerator's kernels. Only the simulated accelerator (CPU
-// kernels) exists so far; the CUDA accelerator plugs its Philox generator in here.
-at::Generator make_native_generator(c10::DeviceIndex /*device*/) {
+// The native generator that matches the accelerator's kernels: a new generator of the backing device type
+// (CUDA's Philox on NVIDIA: same algorithm as torch.cuda's, independent state), else CPU's mt19937 for the
+// simulated accelerator's CPU kernels.
+at::Generator make_native_generator(c10::DeviceIndex device) {
+  if (is_backed()) {
+    init_backing();
+    return backing_hooks().getNewGenerator(device);
+  }
   return at::detail::createCPUGenerator(c10::default_rng_seed_val);
 }
 

@@ -8,6 +8,7 @@
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
@@ -18,11 +19,16 @@ c10::DeviceIndex resolve(c10::DeviceIndex index) {
 }
 
 struct FlagosHooks final : public at::PrivateUse1HooksInterface {
-  void init() const override { hal(); }
+  void init() const override {
+    hal();
+    init_backing();
+  }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
-    return is_initialized() && device_index >= 0 && device_index < device_count();
+    if (device_index < 0 || device_index >= device_count()) return false;
+    if (is_backed()) return backing_hooks().hasPrimaryContext(device_index);
+    return is_initialized();
   }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_device(device); }
@@ -36,6 +42,7 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   at::Allocator* getPinnedMemoryAllocator() const override { return host_allocator(); }
 
   at::Device getDeviceFromPtr(void* data) const override {
+    if (is_backed()) return flagos_device(backing_hooks().getDeviceFromPtr(data).index());
     flagos_pointer_attributes_t attrs{};
     check_hal(hal().pointer_get_attributes(data, &attrs), "flagos_pointer_get_attributes");
     TORCH_CHECK(attrs.type == FLAGOS_MEMORY_DEVICE, "pointer ", data, " is not flagos device memory");

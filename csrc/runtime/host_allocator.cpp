@@ -11,6 +11,7 @@
 
 #include "runtime/device.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
@@ -27,7 +28,10 @@ void free_host_ptr(void* ptr);
 
 class PinnedHostAllocator final : public at::HostAllocator {
  public:
+  // When flagos is backed by a torch device type, pinned memory is that type's (real page-locked memory
+  // from its caching host allocator, whose event fencing its copy kernels already do): forward to it.
   at::DataPtr allocate(size_t nbytes) override {
+    if (is_backed()) return backing_host_allocator().allocate(nbytes);
     if (nbytes == 0) return {nullptr, nullptr, &free_host_ptr, c10::Device(c10::DeviceType::CPU)};
     // Power-of-two sizes make cached blocks reusable across nearby request sizes.
     const size_t size = std::max<size_t>(512, c10::llvm::PowerOf2Ceil(nbytes));
@@ -57,13 +61,23 @@ class PinnedHostAllocator final : public at::HostAllocator {
     return {block->ptr, block->ptr, &free_host_ptr, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &free_host_ptr; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return is_backed() ? backing_host_allocator().raw_deleter() : &free_host_ptr;
+  }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (is_backed()) {
+      backing_host_allocator().copy_data(dest, src, count);
+      return;
+    }
     std::memcpy(dest, src, count);
   }
 
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    if (is_backed()) {
+      const bool flagos = stream.device_type() == c10::DeviceType::PrivateUse1;
+      return backing_host_allocator().record_event(ptr, ctx, flagos ? to_backing(stream) : stream);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(ctx);
     if (it == live_.end()) it = live_.find(ptr);
@@ -97,6 +111,10 @@ class PinnedHostAllocator final : public at::HostAllocator {
   }
 
   void empty_cache() override {
+    if (is_backed()) {
+      backing_host_allocator().empty_cache();
+      return;
+    }
     if (!is_initialized()) return;
     std::lock_guard<std::mutex> lock(mutex_);
     process_pending();
@@ -104,11 +122,16 @@ class PinnedHostAllocator final : public at::HostAllocator {
   }
 
   at::HostStats get_stats() override {
+    if (is_backed()) return backing_host_allocator().get_stats();
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
   }
 
   void reset_accumulated_stats() override {
+    if (is_backed()) {
+      backing_host_allocator().reset_accumulated_stats();
+      return;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto* s :
          {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
@@ -119,6 +142,10 @@ class PinnedHostAllocator final : public at::HostAllocator {
   }
 
   void reset_peak_stats() override {
+    if (is_backed()) {
+      backing_host_allocator().reset_peak_stats();
+      return;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto* s :
          {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
@@ -201,6 +228,7 @@ at::HostAllocator* host_allocator() {
 bool is_pinned_ptr(const void* ptr) {
   const hal::HalTable* h = hal_or_null();
   if (h == nullptr || ptr == nullptr || in_bad_fork()) return false;
+  if (is_backed()) return backing_hooks().isPinnedPtr(ptr);
   flagos_pointer_attributes_t attrs{};
   return h->pointer_get_attributes(ptr, &attrs) == FLAGOS_SUCCESS && attrs.type == FLAGOS_MEMORY_HOST;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/hal_runtime.h"
+#include "runtime/native_backing.h"
 
 namespace flagos::runtime {
 namespace {
@@ -60,11 +61,14 @@ void check_stream(const c10::Stream& stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
               "expected a flagos stream, got a stream of ", stream.device_type());
   check_device_index(stream.device_index());
+  if (is_backed()) return;  // ids are the backing device type's own
   TORCH_CHECK(stream.id() >= 0 && stream.id() < kMaxStreamId, "invalid flagos stream id ", stream.id(),
               " (not a stream created by torch_fl)");
 }
 
 flagos_stream_t hal_stream(const c10::Stream& stream) {
+  TORCH_INTERNAL_ASSERT(!is_backed(), "torch_fl: HAL streams are not used when flagos is backed by ",
+                        backing_type());
   check_stream(stream);
   DeviceStreams& ds = streams_of(stream.device_index());
   const hal::HalTable& h = hal();
@@ -85,15 +89,21 @@ flagos_stream_t hal_stream(const c10::Stream& stream) {
 
 c10::Stream current_stream(c10::DeviceIndex device) {
   check_device_index(device);
+  if (is_backed()) return to_flagos(backing_guard().getStream(c10::Device(backing_type(), device)));
   return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), thread_current_ids()[device]);
 }
 
 c10::Stream default_stream(c10::DeviceIndex device) {
   check_device_index(device);
+  if (is_backed()) return to_flagos(backing_guard().getDefaultStream(c10::Device(backing_type(), device)));
   return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), 0);
 }
 
 c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
+  if (is_backed()) {
+    check_device_index(device);
+    return to_flagos(backing_guard().getNewStream(c10::Device(backing_type(), device), priority));
+  }
   DeviceStreams& ds = streams_of(device);
   const int level = priority < 0 ? 1 : 0;
   const uint32_t index = ds.next[level].fetch_add(1, std::memory_order_relaxed) % kStreamsPerPool;
@@ -102,6 +112,7 @@ c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
 
 c10::Stream exchange_stream(const c10::Stream& stream) {
   check_stream(stream);
+  if (is_backed()) return to_flagos(backing_guard().exchangeStream(to_backing(stream)));
   auto& ids = thread_current_ids();
   c10::StreamId previous = ids[stream.device_index()];
   ids[stream.device_index()] = stream.id();

@@ -175,6 +175,10 @@ class Stream(torch.Stream):
 
     @property
     def priority(self) -> int:
+        if _C._backing_type() == "cuda":  # the stream is a CUDA stream: ask CUDA
+            return torch.cuda.Stream(
+                stream_id=self.stream_id, device_index=self.device_index, device_type=1
+            ).priority
         return _C._stream_priority(self.stream_id, self.device_index)
 
     def record_event(self, event: torch.Event | None = None) -> Event:
@@ -207,7 +211,8 @@ class Event(torch.Event):
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds from this event to `end_event`; both recorded, completed and timing-enabled."""
-        return _C._event_elapsed_time(self.event_id, end_event.event_id)
+        device = self.device.index if self.device.index is not None else current_device()
+        return _C._event_elapsed_time(self.event_id, end_event.event_id, device)
 
 
 def _wrap_stream(stream_tuple) -> Stream:

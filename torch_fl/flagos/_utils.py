@@ -20,6 +20,10 @@ def _lazy_init() -> None:
         return
     with _init_lock:
         _C._init()
+        if _C._backing_type() == "cuda":
+            # flagos is torch's CUDA seen through another device name: let torch.cuda finish its own
+            # (Python-side) initialisation too, as any first CUDA use would.
+            torch.cuda._lazy_init()
 
 
 def current_device() -> int:

@@ -1,0 +1,56 @@
+// When torch itself drives the accelerator (torch built with CUDA and the cuda accelerator selected), the
+// flagos device is a view of that torch device rather than a second runtime beside it: its devices,
+// streams, events, device memory, pinned memory and generators are torch's own for the backing device
+// type, seen through PrivateUse1. So there is one memory pool, and the current flagos stream *is* the
+// current CUDA stream: native kernels, Triton launches and flagos work are ordered on the same queue.
+//
+// Everything here uses torch's device-generic interfaces (guard impl, DeviceAllocator, HostAllocator,
+// accelerator hooks), so a vendor whose torch build has its own device type needs only an entry in the
+// HAL-name -> device-type table, not another copy of this layer.
+#pragma once
+
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/detail/AcceleratorHooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+namespace flagos::runtime {
+
+// True when flagos is backed by a torch device type (decided once, with the accelerator). Never throws.
+bool is_backed() noexcept;
+
+// The backing device type (valid only when is_backed()).
+c10::DeviceType backing_type() noexcept;
+
+// The dense dispatch key of the backing device type (DispatchKey::CUDA).
+c10::DispatchKey backing_dispatch_key() noexcept;
+
+// Streams and devices between the two device types: the same stream id and index, another type.
+c10::Stream to_backing(const c10::Stream& flagos_stream);
+c10::Stream to_flagos(const c10::Stream& backing_stream);
+c10::Device to_backing(c10::Device flagos_device);
+
+// torch's machinery for the backing device type.
+const c10::impl::DeviceGuardImplInterface& backing_guard();
+c10::DeviceAllocator& backing_allocator();
+at::HostAllocator& backing_host_allocator();
+const at::AcceleratorHooksInterface& backing_hooks();
+
+// Runs torch's lazy initialisation of the backing device (its caching allocator, generators) once.
+void init_backing();
+
+// A DataPtr of the backing allocator relabelled as flagos memory of the same device index; the deleter
+// and context are kept, so the backing allocator still recognises the block (recordStream, free).
+c10::DataPtr relabel_as_flagos(c10::DataPtr backing);
+
+// A DataPtr over `owner`'s memory labelled `device` that keeps `owner` alive: how a tensor of one device
+// type views memory of another (flagos <-> native aliases). Used on both accelerators.
+c10::DataPtr borrow(const c10::Storage& owner, c10::Device device);
+
+// The storage a borrow()ed DataPtr keeps alive, or nullptr for any other DataPtr.
+const c10::Storage* borrowed_from(const c10::DataPtr& ptr);
+
+}  // namespace flagos::runtime
