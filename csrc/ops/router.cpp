@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/op_entry.h"
 #include "ops/router_internal.h"
 #include "runtime/hal_runtime.h"
 
@@ -29,11 +30,14 @@ namespace {
 // Keyed by the address of the op's OperatorName, which lives in its dispatcher entry and is stable for
 // as long as the op is registered (deregistration bumps the version, so a reused address is harmless).
 // Open addressing over a fixed table, 4x larger than all of ATen's overloads, with short probe runs;
-// a slot is claimed once under the mutex and never released. Value: version << 8 | backend; version 0 is
-// never current, so a claimed slot without a value reads as stale.
+// a slot is claimed once under the mutex and never released. Value: version << 8 | flags, where flags is
+// the backend, plus kByDefaultBit when no rule names the op; version 0 is never current, so a claimed slot
+// without a value reads as stale.
 constexpr int kCacheBits = 14;
 constexpr size_t kCacheSlots = size_t{1} << kCacheBits;
 constexpr size_t kMaxProbes = 32;
+constexpr uint64_t kBackendMask = 0x7f;
+constexpr uint64_t kByDefaultBit = 0x80;
 
 struct alignas(16) CacheSlot {
   std::atomic<const void*> key{nullptr};
@@ -141,6 +145,15 @@ RuleMap rules_from_config(const std::vector<ConfigEntry>& entries) {
   return rules;
 }
 
+// Rules must take effect for ops that a composite kernel would otherwise keep from the router
+// (ops/op_entry.h). Called once a layer's rules are validated, before they are installed: until then the
+// newly registered kernel runs the composite kernel, as before.
+void route_named_ops(const RuleMap& rules) {
+  for (const auto& entry : rules) {
+    if (auto handle = c10::Dispatcher::singleton().findSchema(entry.first)) ensure_routed_kernel(*handle);
+  }
+}
+
 // Loads the package default config for the accelerator the first time a route is resolved (choosing the
 // accelerator at import would make `import torch_fl` pay for CUDA initialisation). A broken default
 // config throws here, on every resolution, until fixed: it is ours, and a test parses every one of them.
@@ -161,7 +174,9 @@ void ensure_initialized_locked(State& s) {
   const std::filesystem::path path = std::filesystem::path(s.package_config_dir) / (table->name + ".conf");
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
-    s.config = rules_from_config(parse_config_file(path.string()));
+    RuleMap config = rules_from_config(parse_config_file(path.string()));
+    route_named_ops(config);
+    s.config = std::move(config);
     s.config_path = path.string();
   }
   s.default_config_pending = false;
@@ -269,49 +284,6 @@ std::string decision_text(const State& s, const c10::OperatorName& name, const D
   return text + ")";
 }
 
-// Why calls of an op on flagos may never reach the router, for explain(). The dispatcher's computed
-// table says which kernel PrivateUse1 resolves to: the router's fallback, a kernel of flagos's own, or a
-// composite kernel inherited through an alias key (a quarter of ATen decomposes above the flagos key, and
-// about half, e.g. aten::mm and aten::add.Tensor, runs a composite wrapper that calls the `out` overload).
-std::string bypass_note(const c10::OperatorHandle& op) {
-  const std::string table = op.dumpComputedTable();
-  std::string line;
-  for (size_t pos = 0; pos < table.size();) {
-    const size_t end = std::min(table.find('\n', pos), table.size());
-    if (table.compare(pos, 12, "PrivateUse1:") == 0) {
-      line = table.substr(pos, end - pos);
-      break;
-    }
-    pos = end + 1;
-  }
-  if (line.empty() || line.find("[backend fallback]") != std::string::npos) return "";
-  // The router's own boxed kernel, should fallback.cpp register it for an op directly.
-  if (line.find("csrc/ops/fallback.cpp") != std::string::npos) return "";
-  if (line.find("[math kernel]") != std::string::npos) {
-    return "it is CompositeImplicitAutograd: it decomposes into other ops before reaching flagos, so route "
-           "those";
-  }
-  if (line.find("[default backend kernel]") != std::string::npos) {
-    const c10::OperatorName& name = op.operator_name();
-    std::string base = name.name;
-    while (!base.empty() && base.back() == '_') base.pop_back();
-    std::string via;
-    const c10::OperatorName out(base, "out");
-    if (out != name && c10::Dispatcher::singleton().findSchema(out).has_value()) {
-      via = " (probably " + op_display_name(out) + ")";
-    }
-    const bool non_functional =
-        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-    return std::string("on flagos it runs its ") +
-           (non_functional ? "CompositeExplicitAutogradNonFunctional" : "CompositeExplicitAutograd") +
-           " kernel, which calls other ops" + via + ": route those";
-  }
-  const auto at = line.find("registered at ");
-  return "flagos has a kernel of its own for it" +
-         (at == std::string::npos ? std::string() : " (" + line.substr(at) + ")") +
-         ", so its calls do not go through the router";
-}
-
 void emit_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) TORCH_WARN(w);
 }
@@ -333,7 +305,7 @@ void log_decision(const c10::OperatorHandle& op) {
 
 // Cache miss or stale entry: resolve under the mutex and publish the result with the version it was
 // computed against, so a concurrent change (which bumps the version under the same mutex) invalidates it.
-C10_NOINLINE Backend route_slow(const c10::OperatorHandle& op) {
+C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
   State& s = state();
   const void* key = &op.operator_name();
   Decision d;
@@ -350,14 +322,15 @@ C10_NOINLINE Backend route_slow(const c10::OperatorHandle& op) {
         k = key;
       }
       if (k == key) {
-        g_cache[i].value.store(version << 8 | static_cast<uint64_t>(d.backend), std::memory_order_release);
+        const uint64_t flags = static_cast<uint64_t>(d.backend) | (d.rule.has_value() ? 0 : kByDefaultBit);
+        g_cache[i].value.store(version << 8 | flags, std::memory_order_release);
         break;
       }
     }
     if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
   }
   emit_warnings(d.warnings);
-  return d.backend;
+  return Route{d.backend, !d.rule.has_value()};
 }
 
 c10::OperatorName name_of(const std::string& op) {
@@ -367,7 +340,7 @@ c10::OperatorName name_of(const std::string& op) {
 }  // namespace
 
 // ---- Hot path -----------------------------------------------------------------------------------------
-Backend route_for(const c10::OperatorHandle& op) {
+Route route(const c10::OperatorHandle& op) {
   const void* key = &op.operator_name();
   size_t i = slot_index(key);
   for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
@@ -376,7 +349,7 @@ Backend route_for(const c10::OperatorHandle& op) {
       const uint64_t value = g_cache[i].value.load(std::memory_order_acquire);
       if (C10_UNLIKELY((value >> 8) != g_version.load(std::memory_order_acquire))) break;
       if (C10_UNLIKELY(g_log_dispatch)) log_decision(op);
-      return static_cast<Backend>(value & 0xff);
+      return Route{static_cast<Backend>(value & kBackendMask), (value & kByDefaultBit) != 0};
     }
     if (k == nullptr) break;
   }
@@ -464,6 +437,8 @@ void init_routing(const std::string& package_config_dir, const std::string& conf
     path = std::filesystem::absolute(config_path).lexically_normal().string();
   }
   RuleMap env = rules_from_env(env_vars);
+  route_named_ops(config);
+  route_named_ops(env);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.package_config_dir = package_config_dir;
@@ -481,6 +456,7 @@ void load_config(const std::string& config_path) {
     config = rules_from_config(parse_config_file(config_path));
     path = std::filesystem::absolute(config_path).lexically_normal().string();
   }
+  route_named_ops(config);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.config = std::move(config);
@@ -493,6 +469,7 @@ void load_config(const std::string& config_path) {
 
 void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars) {
   RuleMap env = rules_from_env(env_vars);
+  route_named_ops(env);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.env = std::move(env);
@@ -500,10 +477,13 @@ void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars) 
 }
 
 void set_api_route(const std::string& op, const std::optional<std::string>& backend) {
-  const c10::OperatorName name = name_of(op);
+  const c10::OperatorHandle handle = find_operator(op);
+  const c10::OperatorName& name = handle.operator_name();
   std::optional<Rule> rule;
-  if (backend.has_value())
+  if (backend.has_value()) {
     rule = Rule{parse_backend_or_throw(*backend, op_display_name(name)), *backend, "api"};
+    ensure_routed_kernel(handle);
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (rule.has_value()) {
@@ -532,6 +512,7 @@ std::optional<Backend> api_route(const std::string& op) {
 
 uint64_t push_override(const std::vector<std::pair<std::string, std::string>>& mapping) {
   RuleMap rules = rules_from_mapping(mapping, "override");
+  route_named_ops(rules);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   const uint64_t token = s.next_token++;
@@ -581,7 +562,7 @@ std::string explain(const std::string& op) {
       text += (i ? ", " : "") + rule_text(*d.shadowed[i]) + " = " + backend_name(d.shadowed[i]->backend);
     }
   }
-  const std::string note = bypass_note(handle);
+  const std::string note = op_entry_note(handle, d.rule.has_value());
   if (!note.empty()) text += "; note: " + note;
   return text;
 }
