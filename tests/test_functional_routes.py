@@ -13,6 +13,7 @@ a registered op behaves as before, which test_reset_route_behaves_as_never_route
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -256,7 +257,10 @@ def test_routed_implicit_autograd_op_runs_its_route_and_keeps_autograd():
 # ---- ops flagos routes directly from the start --------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", ["native_layer_norm", "native_group_norm", "addr", "convolution"])
+@pytest.mark.parametrize(
+    "op",
+    ["native_layer_norm", "native_group_norm", "addr", "convolution", "convolution_backward", "mse_loss"],
+)
 def test_builtin_direct_ops_reach_the_router(op):
     assert routing.explain(op) == f"aten::{op} -> native (default: native has a {NATIVE} kernel)"
 
@@ -267,6 +271,15 @@ def test_layer_norm_matches_the_native_kernel():
     result, counts = counts_of(lambda: F.layer_norm(x.to("flagos"), (33,), w.to("flagos"), b.to("flagos")))
     assert counts == only(native=1), "one native_layer_norm call, not a decomposition"
     torch.testing.assert_close(result.cpu(), F.layer_norm(x, (33,), w, b), rtol=0, atol=0)
+
+
+def test_mse_loss_does_not_warn():
+    x, y = torch.randn(16, 5), torch.randn(16, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for reduction in ["mean", "sum", "none"]:
+            result = F.mse_loss(x.to("flagos"), y.to("flagos"), reduction=reduction)
+            torch.testing.assert_close(result.cpu(), F.mse_loss(x, y, reduction=reduction), rtol=0, atol=0)
 
 
 def test_convolution_forward_and_backward():

@@ -21,9 +21,8 @@ namespace {
 
 using c10::DispatchKey;
 
-// Ops flagos routes directly from the start. For each, torch runs a CompositeExplicitAutograd kernel on a
-// backend without a kernel of its own, although the native device has one, and that composite is wrong
-// for flagos:
+// Ops flagos routes directly from the start. For each, torch runs a composite kernel on a backend without
+// a kernel of its own, although the native device has one, and that composite is wrong for flagos:
 constexpr const char* kBuiltinOps[] = {
     // The composites are decompositions that compute in another order than the native kernels (OpInfo:
     // layer_norm float32 differs from CPU by 1e-4, group_norm and addr in bfloat16 beyond tolerance),
@@ -38,6 +37,10 @@ constexpr const char* kBuiltinOps[] = {
     "convolution",
     "_convolution",
     "convolution_backward",
+    // Not a CompositeExplicitAutograd one: its CompositeExplicitAutogradNonFunctional kernel calls
+    // mse_loss.out, whose native kernel warns that it resizes the (correctly shaped) out= tensor on every
+    // call, a torch bug that plain CPU out= calls show too. Routed, the native kernel runs functionally.
+    "mse_loss",
 };
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
