@@ -40,6 +40,8 @@ __all__ = [
     "load_config",
     "register_python_impl",
     "unregister_python_impl",
+    "counts",
+    "reset_counts",
 ]
 
 _BACKENDS = ("native", "cpu", "flaggems", "python")
@@ -152,6 +154,21 @@ def unregister_python_impl(op: str) -> None:
     name = _call(_C._routing_set_python_impl, op, None)
     if _C._routing_api_route(name) == "python":
         set(name, None)
+
+
+def counts() -> dict[str, int]:
+    """Operator calls each backend served since the process started or the last :func:`reset_counts`:
+    ``{'native': ..., 'cpu': ..., 'flaggems': ..., 'python': ...}``. A call is counted once, under the
+    backend that ran it (after fall-through), when the router hands it over; ops with a basic flagos
+    kernel (factories, views, copies) and ops that run a composite kernel (which calls routed ops, counted
+    themselves) are not router calls. Counters are process-wide and relaxed: exact for calls that have
+    returned."""
+    return dict(_C._routing_counts())
+
+
+def reset_counts() -> None:
+    """Sets every backend's :func:`counts` to zero."""
+    _C._routing_reset_counts()
 
 
 def _set_flaggems_available(available: bool) -> None:

@@ -1,18 +1,25 @@
-// The one boxed PrivateUse1 fallback: every operator without a basic kernel lands here, asks the router
-// for its backend and runs that route.
-#include <ATen/core/dispatch/Dispatcher.h>
+// The one boxed PrivateUse1 fallback: every operator without a kernel of its own on flagos lands here,
+// asks the router for its backend and runs that route.
+#include "ops/fallback.h"
+
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
-#include <cstdio>
+#include <atomic>
 
 #include "ops/aliasing.h"
 #include "ops/python_route.h"
-#include "ops/router.h"
 #include "runtime/native_backing.h"
 
 namespace flagos::ops {
 namespace {
+
+// One cache line per backend, so that threads whose ops run on different backends do not contend.
+struct alignas(64) CallCounter {
+  std::atomic<uint64_t> calls{0};
+};
+
+CallCounter g_calls[kNumBackends];
 
 void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::DispatchKeySet native_keys(runtime::is_backed() ? runtime::backing_dispatch_key()
@@ -20,8 +27,12 @@ void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(native_keys, s); });
 }
 
-void flagos_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  switch (route_for(op)) {
+}  // namespace
+
+void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // Relaxed: the counters order nothing; readers want totals, not a consistent snapshot across backends.
+  g_calls[static_cast<int>(backend)].calls.fetch_add(1, std::memory_order_relaxed);
+  switch (backend) {
     case Backend::kNative:
       run_native(op, stack);
       return;
@@ -35,9 +46,22 @@ void flagos_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_route(route_for(op), op, stack);
 }
 
-}  // namespace
+std::array<uint64_t, kNumBackends> backend_call_counts() {
+  std::array<uint64_t, kNumBackends> counts{};
+  for (int i = 0; i < kNumBackends; ++i) counts[i] = g_calls[i].calls.load(std::memory_order_relaxed);
+  return counts;
+}
+
+void reset_backend_call_counts() {
+  for (CallCounter& c : g_calls) c.calls.store(0, std::memory_order_relaxed);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
+}
+
 }  // namespace flagos::ops

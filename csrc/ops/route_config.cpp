@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/router.h"
+#include "ops/router_internal.h"
 
 namespace flagos::ops {
 namespace {
@@ -18,13 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kMaxIncludeDepth = 64;
-
-std::string trim(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\r\n\f\v");
-  if (first == std::string::npos) return "";
-  const auto last = text.find_last_not_of(" \t\r\n\f\v");
-  return text.substr(first, last - first + 1);
-}
 
 bool has_space(const std::string& text) {
   return text.find_first_of(" \t\f\v") != std::string::npos;

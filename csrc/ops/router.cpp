@@ -19,6 +19,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/op_entry.h"
+#include "ops/router_internal.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/native_backing.h"
 
@@ -29,11 +31,14 @@ namespace {
 // Keyed by the address of the op's OperatorName, which lives in its dispatcher entry and is stable for
 // as long as the op is registered (deregistration bumps the version, so a reused address is harmless).
 // Open addressing over a fixed table, 4x larger than all of ATen's overloads, with short probe runs;
-// a slot is claimed once under the mutex and never released. Value: version << 8 | backend; version 0 is
-// never current, so a claimed slot without a value reads as stale.
+// a slot is claimed once under the mutex and never released. Value: version << 8 | flags, where flags is
+// the backend, plus kByDefaultBit when no rule names the op; version 0 is never current, so a claimed slot
+// without a value reads as stale.
 constexpr int kCacheBits = 14;
 constexpr size_t kCacheSlots = size_t{1} << kCacheBits;
 constexpr size_t kMaxProbes = 32;
+constexpr uint64_t kBackendMask = 0x7f;
+constexpr uint64_t kByDefaultBit = 0x80;
 
 struct alignas(16) CacheSlot {
   std::atomic<const void*> key{nullptr};
@@ -113,23 +118,6 @@ State& state() {
   return *s;
 }
 
-std::string to_lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
-  return text;
-}
-
-std::string trim(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\r\n\f\v");
-  if (first == std::string::npos) return "";
-  const auto last = text.find_last_not_of(" \t\r\n\f\v");
-  return text.substr(first, last - first + 1);
-}
-
-bool is_identifier(const std::string& text) {
-  if (text.empty()) return false;
-  return std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
-}
-
 Backend parse_backend_or_throw(const std::string& written, const std::string& op_display) {
   std::optional<Backend> backend = parse_backend(written);
   TORCH_CHECK_VALUE(backend.has_value(), "unknown backend '", written, "' for ", op_display, " (",
@@ -158,6 +146,15 @@ RuleMap rules_from_config(const std::vector<ConfigEntry>& entries) {
   return rules;
 }
 
+// Rules must take effect for ops that a composite kernel would otherwise keep from the router
+// (ops/op_entry.h). Called once a layer's rules are validated, before they are installed: until then the
+// newly registered kernel runs the composite kernel, as before.
+void route_named_ops(const RuleMap& rules) {
+  for (const auto& entry : rules) {
+    if (auto handle = c10::Dispatcher::singleton().findSchema(entry.first)) ensure_routed_kernel(*handle);
+  }
+}
+
 // Loads the package default config for the accelerator the first time a route is resolved (choosing the
 // accelerator at import would make `import torch_fl` pay for CUDA initialisation). A broken default
 // config throws here, on every resolution, until fixed: it is ours, and a test parses every one of them.
@@ -178,7 +175,9 @@ void ensure_initialized_locked(State& s) {
   const std::filesystem::path path = std::filesystem::path(s.package_config_dir) / (table->name + ".conf");
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
-    s.config = rules_from_config(parse_config_file(path.string()));
+    RuleMap config = rules_from_config(parse_config_file(path.string()));
+    route_named_ops(config);
+    s.config = std::move(config);
     s.config_path = path.string();
   }
   s.default_config_pending = false;
@@ -286,49 +285,6 @@ std::string decision_text(const State& s, const c10::OperatorName& name, const D
   return text + ")";
 }
 
-// Why calls of an op on flagos may never reach the router, for explain(). The dispatcher's computed
-// table says which kernel PrivateUse1 resolves to: the router's fallback, a kernel of flagos's own, or a
-// composite kernel inherited through an alias key (a quarter of ATen decomposes above the flagos key, and
-// about half, e.g. aten::mm and aten::add.Tensor, runs a composite wrapper that calls the `out` overload).
-std::string bypass_note(const c10::OperatorHandle& op) {
-  const std::string table = op.dumpComputedTable();
-  std::string line;
-  for (size_t pos = 0; pos < table.size();) {
-    const size_t end = std::min(table.find('\n', pos), table.size());
-    if (table.compare(pos, 12, "PrivateUse1:") == 0) {
-      line = table.substr(pos, end - pos);
-      break;
-    }
-    pos = end + 1;
-  }
-  if (line.empty() || line.find("[backend fallback]") != std::string::npos) return "";
-  // The router's own boxed kernel, should fallback.cpp register it for an op directly.
-  if (line.find("csrc/ops/fallback.cpp") != std::string::npos) return "";
-  if (line.find("[math kernel]") != std::string::npos) {
-    return "it is CompositeImplicitAutograd: it decomposes into other ops before reaching flagos, so route "
-           "those";
-  }
-  if (line.find("[default backend kernel]") != std::string::npos) {
-    const c10::OperatorName& name = op.operator_name();
-    std::string base = name.name;
-    while (!base.empty() && base.back() == '_') base.pop_back();
-    std::string via;
-    const c10::OperatorName out(base, "out");
-    if (out != name && c10::Dispatcher::singleton().findSchema(out).has_value()) {
-      via = " (probably " + op_display_name(out) + ")";
-    }
-    const bool non_functional =
-        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-    return std::string("on flagos it runs its ") +
-           (non_functional ? "CompositeExplicitAutogradNonFunctional" : "CompositeExplicitAutograd") +
-           " kernel, which calls other ops" + via + ": route those";
-  }
-  const auto at = line.find("registered at ");
-  return "flagos has a kernel of its own for it" +
-         (at == std::string::npos ? std::string() : " (" + line.substr(at) + ")") +
-         ", so its calls do not go through the router";
-}
-
 void emit_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) TORCH_WARN(w);
 }
@@ -350,7 +306,7 @@ void log_decision(const c10::OperatorHandle& op) {
 
 // Cache miss or stale entry: resolve under the mutex and publish the result with the version it was
 // computed against, so a concurrent change (which bumps the version under the same mutex) invalidates it.
-C10_NOINLINE Backend route_slow(const c10::OperatorHandle& op) {
+C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
   State& s = state();
   const void* key = &op.operator_name();
   Decision d;
@@ -367,14 +323,15 @@ C10_NOINLINE Backend route_slow(const c10::OperatorHandle& op) {
         k = key;
       }
       if (k == key) {
-        g_cache[i].value.store(version << 8 | static_cast<uint64_t>(d.backend), std::memory_order_release);
+        const uint64_t flags = static_cast<uint64_t>(d.backend) | (d.rule.has_value() ? 0 : kByDefaultBit);
+        g_cache[i].value.store(version << 8 | flags, std::memory_order_release);
         break;
       }
     }
     if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
   }
   emit_warnings(d.warnings);
-  return d.backend;
+  return Route{d.backend, !d.rule.has_value()};
 }
 
 c10::OperatorName name_of(const std::string& op) {
@@ -384,7 +341,7 @@ c10::OperatorName name_of(const std::string& op) {
 }  // namespace
 
 // ---- Hot path -----------------------------------------------------------------------------------------
-Backend route_for(const c10::OperatorHandle& op) {
+Route route(const c10::OperatorHandle& op) {
   const void* key = &op.operator_name();
   size_t i = slot_index(key);
   for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
@@ -393,7 +350,7 @@ Backend route_for(const c10::OperatorHandle& op) {
       const uint64_t value = g_cache[i].value.load(std::memory_order_acquire);
       if (C10_UNLIKELY((value >> 8) != g_version.load(std::memory_order_acquire))) break;
       if (C10_UNLIKELY(g_log_dispatch)) log_decision(op);
-      return static_cast<Backend>(value & 0xff);
+      return Route{static_cast<Backend>(value & kBackendMask), (value & kByDefaultBit) != 0};
     }
     if (k == nullptr) break;
   }
@@ -442,142 +399,8 @@ bool dispatch_logging_enabled() {
   return g_log_dispatch;
 }
 
-// ---- Names --------------------------------------------------------------------------------------------
-std::optional<Backend> parse_backend(const std::string& text) {
-  static const std::unordered_map<std::string, Backend> kNames = {
-      {"native", Backend::kNative},
-      {"cpu", Backend::kCpu},
-      {"flaggems", Backend::kFlagGems},
-      {"python", Backend::kPython},
-      // The existing torch_fl plugin's spellings: its configs keep working.
-      {"cuda", Backend::kNative},
-      {"flagos_python", Backend::kFlagGems},
-      {"flagos", Backend::kFlagGems},
-  };
-  auto it = kNames.find(to_lower(trim(text)));
-  if (it == kNames.end()) return std::nullopt;
-  return it->second;
-}
-
-const std::string& valid_backends_text() {
-  static const std::string kText =
-      "valid: native, cpu, flaggems, python; aliases: cuda -> native (the native backend on NVIDIA, and "
-      "native on any accelerator), flagos_python -> flaggems, flagos -> flaggems";
-  return kText;
-}
-
-std::string op_display_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
-namespace {
-
-struct ParsedName {
-  c10::OperatorName name{"", ""};
-  bool has_overload = false;
-  std::string error;  // non-empty when the text is not an operator name at all
-};
-
-ParsedName parse_op_name(const std::string& raw) {
-  ParsedName parsed;
-  const std::string text = trim(raw);
-  std::string ns = "aten";
-  std::string rest = text;
-  const auto colons = text.find("::");
-  if (colons != std::string::npos) {
-    ns = text.substr(0, colons);
-    rest = text.substr(colons + 2);
-  }
-  const auto dot = rest.find('.');
-  const std::string base = rest.substr(0, dot);
-  parsed.has_overload = dot != std::string::npos;
-  const std::string overload = parsed.has_overload ? rest.substr(dot + 1) : "";
-  if (!is_identifier(ns) || !is_identifier(base) || (parsed.has_overload && !is_identifier(overload))) {
-    parsed.error =
-        "invalid operator name '" + text +
-        "' (expected 'op', 'op.overload' or 'namespace::op.overload', e.g. 'mm' or 'aten::add.Tensor')";
-    return parsed;
-  }
-  parsed.name = c10::OperatorName(ns + "::" + base, overload);
-  return parsed;
-}
-
-// Without the hint-building of find_operator: for the env decoder, which tries several readings.
-std::optional<c10::OperatorHandle> lookup_operator(const std::string& text) {
-  const ParsedName parsed = parse_op_name(text);
-  if (!parsed.error.empty()) return std::nullopt;
-  return c10::Dispatcher::singleton().findSchema(parsed.name);
-}
-
-}  // namespace
-
-c10::OperatorHandle find_operator(const std::string& raw) {
-  const ParsedName parsed = parse_op_name(raw);
-  TORCH_CHECK_VALUE(parsed.error.empty(), parsed.error);
-  const c10::OperatorName& name = parsed.name;
-  if (auto handle = c10::Dispatcher::singleton().findSchema(name)) return *handle;
-  // Unknown: name the overloads that do exist under that name, the usual mistake.
-  std::vector<std::string> overloads;
-  for (const c10::OperatorName& known : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (known.name == name.name && c10::Dispatcher::singleton().findSchema(known).has_value()) {
-      overloads.push_back(known.overload_name.empty() ? "(default)" : known.overload_name);
-    }
-  }
-  std::sort(overloads.begin(), overloads.end());
-  std::string message = "unknown operator '" + op_display_name(name) + "'";
-  if (!overloads.empty()) {
-    message +=
-        " (" + name.name +
-        (parsed.has_overload ? " has no overload '" + name.overload_name + "'" : " has no default overload") +
-        "; its overloads: ";
-    for (size_t i = 0; i < overloads.size(); ++i) message += (i ? ", " : "") + overloads[i];
-    message += ")";
-  }
-  C10_THROW_ERROR(ValueError, message);
-}
-
 // ---- Management ---------------------------------------------------------------------------------------
 namespace {
-
-constexpr const char kEnvPrefix[] = "FLAGOS_OP_";
-
-// FLAGOS_OP_<name> with '.' written '__': the one reading (no '__' replaced, or exactly one) that names an
-// existing aten op. Op names themselves may contain '__' (aten::__and__.Tensor), hence the search.
-c10::OperatorName env_operator(const std::string& var) {
-  const std::string encoded = var.substr(sizeof(kEnvPrefix) - 1);
-  TORCH_CHECK_VALUE(!encoded.empty(), "environment variable ", var, ": no operator name after ", kEnvPrefix);
-  std::vector<std::string> candidates = {encoded};
-  for (size_t p = encoded.find("__"); p != std::string::npos; p = encoded.find("__", p + 1)) {
-    candidates.push_back(encoded.substr(0, p) + "." + encoded.substr(p + 2));
-  }
-  std::vector<c10::OperatorName> found;
-  for (const std::string& candidate : candidates) {
-    std::optional<c10::OperatorHandle> handle = lookup_operator("aten::" + candidate);
-    if (!handle.has_value()) continue;
-    const c10::OperatorName& name = handle->operator_name();
-    if (std::find(found.begin(), found.end(), name) == found.end()) found.push_back(name);
-  }
-  if (found.size() == 1) return found.front();
-  if (found.empty()) {
-    // Report the most likely reading: the last '__' as the overload separator, as the plugin documents.
-    const auto last = encoded.rfind("__");
-    const std::string likely = last == std::string::npos || last == 0
-                                   ? encoded
-                                   : encoded.substr(0, last) + "." + encoded.substr(last + 2);
-    std::string detail;
-    try {
-      find_operator("aten::" + likely);
-    } catch (const c10::Error& e) {
-      detail = e.msg();
-    }
-    C10_THROW_ERROR(ValueError, "environment variable " + var + ": " + detail +
-                                    " (FLAGOS_OP_<name> writes '.' as '__', e.g. FLAGOS_OP_add__Tensor for "
-                                    "aten::add.Tensor)");
-  }
-  std::string names;
-  for (const auto& n : found) names += (names.empty() ? "" : ", ") + op_display_name(n);
-  C10_THROW_ERROR(ValueError, "environment variable " + var + " is ambiguous: it can name " + names);
-}
 
 RuleMap rules_from_env(const std::vector<std::pair<std::string, std::string>>& env_vars) {
   RuleMap rules;
@@ -615,6 +438,8 @@ void init_routing(const std::string& package_config_dir, const std::string& conf
     path = std::filesystem::absolute(config_path).lexically_normal().string();
   }
   RuleMap env = rules_from_env(env_vars);
+  route_named_ops(config);
+  route_named_ops(env);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.package_config_dir = package_config_dir;
@@ -632,6 +457,7 @@ void load_config(const std::string& config_path) {
     config = rules_from_config(parse_config_file(config_path));
     path = std::filesystem::absolute(config_path).lexically_normal().string();
   }
+  route_named_ops(config);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.config = std::move(config);
@@ -644,6 +470,7 @@ void load_config(const std::string& config_path) {
 
 void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars) {
   RuleMap env = rules_from_env(env_vars);
+  route_named_ops(env);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.env = std::move(env);
@@ -651,10 +478,13 @@ void load_env(const std::vector<std::pair<std::string, std::string>>& env_vars) 
 }
 
 void set_api_route(const std::string& op, const std::optional<std::string>& backend) {
-  const c10::OperatorName name = name_of(op);
+  const c10::OperatorHandle handle = find_operator(op);
+  const c10::OperatorName& name = handle.operator_name();
   std::optional<Rule> rule;
-  if (backend.has_value())
+  if (backend.has_value()) {
     rule = Rule{parse_backend_or_throw(*backend, op_display_name(name)), *backend, "api"};
+    ensure_routed_kernel(handle);
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (rule.has_value()) {
@@ -683,6 +513,7 @@ std::optional<Backend> api_route(const std::string& op) {
 
 uint64_t push_override(const std::vector<std::pair<std::string, std::string>>& mapping) {
   RuleMap rules = rules_from_mapping(mapping, "override");
+  route_named_ops(rules);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   const uint64_t token = s.next_token++;
@@ -732,7 +563,7 @@ std::string explain(const std::string& op) {
       text += (i ? ", " : "") + rule_text(*d.shadowed[i]) + " = " + backend_name(d.shadowed[i]->backend);
     }
   }
-  const std::string note = bypass_note(handle);
+  const std::string note = op_entry_note(handle, d.rule.has_value());
   if (!note.empty()) text += "; note: " + note;
   return text;
 }

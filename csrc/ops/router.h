@@ -27,11 +27,20 @@ constexpr int kNumBackends = 4;
 
 const char* backend_name(Backend b);  // "native", "cpu", "flaggems", "python"
 
+// The router's answer for one call of an op.
+struct Route {
+  Backend backend;  // available for the op (fall-through applied)
+  bool by_default;  // no rule names the op: `backend` is the default chain's choice
+};
+
 // Hot path, called for every routed op call: a lock-free cache lookup keyed by the op's identity and
 // validated by a global version that every routing change bumps (about 2 ns when warm). Thread-safe.
 // Resolves precedence and availability: returns a backend that is available for this op. Throws only
 // when the package's default config for the accelerator is broken (it is loaded on first use).
-Backend route_for(const c10::OperatorHandle& op);
+Route route(const c10::OperatorHandle& op);
+inline Backend route_for(const c10::OperatorHandle& op) {
+  return route(op).backend;
+}
 
 // Availability hooks set by the routes: whether the flaggems backend is usable at all (false until the
 // FlagGems issue) and whether a Python implementation is registered for an op.

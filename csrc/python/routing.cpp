@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 
+#include "ops/fallback.h"
 #include "ops/router.h"
 #include "python/bindings.h"
 
@@ -121,6 +122,14 @@ void bind_routing(py::module_& m) {
     return ops::has_python_impl(ops::find_operator(op).operator_name());
     END_HANDLE_TH_ERRORS_PYBIND
   });
+  m.def("_routing_counts", []() {
+    const std::array<uint64_t, ops::kNumBackends> counts = ops::backend_call_counts();
+    py::dict d;
+    for (int i = 0; i < ops::kNumBackends; ++i)
+      d[ops::backend_name(static_cast<ops::Backend>(i))] = counts[i];
+    return d;
+  });
+  m.def("_routing_reset_counts", &ops::reset_backend_call_counts);
   m.def("_routing_set_flaggems_available", &ops::set_flaggems_available);
   m.def("_routing_flaggems_available", &ops::flaggems_available);
   m.def("_routing_log_dispatch", &ops::dispatch_logging_enabled);

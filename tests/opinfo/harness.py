@@ -119,15 +119,29 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def to_device(tree, device: str):
-    """A copy of `tree` with every tensor moved to `device` (strides kept); non-tensors kept as they are."""
+    """A copy of `tree` with every tensor moved to `device`; non-tensors kept as they are. A strided tensor
+    is moved with its whole storage and comes back as the same view of it (sizes, strides and storage
+    offset kept), so that ops that address the storage (as_strided over a partial view) see what they see
+    on the reference device."""
 
     def move(x):
         if isinstance(x, torch.Tensor):
             with torch.no_grad():
-                return x.detach().to(device, copy=True)
+                return _move_tensor(x.detach(), device)
         return x
 
     return tree_map(move, tree)
+
+
+def _move_tensor(x: torch.Tensor, device: str) -> torch.Tensor:
+    if x.layout != torch.strided or x.is_nested or x.numel() == 0:
+        return x.to(device, copy=True)
+    storage_numel = x.untyped_storage().nbytes() // x.element_size()
+    extent = x.storage_offset() + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) + 1
+    if any(st < 0 for st in x.stride()) or extent > storage_numel:
+        return x.to(device, copy=True)
+    whole = x.as_strided((storage_numel,), (1,), 0).to(device, copy=True)
+    return whole.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
 def to_cpu(tree):
@@ -175,12 +189,28 @@ class MovedSample:
     kwargs: dict
 
 
-def move_sample(sample, device: str) -> MovedSample:
-    """A copy of an OpInfo SampleInput's input, args and kwargs with every tensor moved to `device`."""
+# Ops whose positional tensor arguments torch requires on the CPU whatever the input's device
+# (tensor_split's tensor_indices_or_sections): moving them would test the sample, not the device.
+CPU_ARGS_OPS = frozenset({"tensor_split"})
+
+
+def move_sample(sample, device: str, ref_device: str = "cpu", op_name: str = "") -> MovedSample:
+    """A copy of an OpInfo SampleInput's input, args and kwargs with every tensor moved to `device`.
+
+    A positional argument naming the reference device (``x.to("cpu", ...)`` samples) names `device`
+    instead, as a ``device=`` keyword does: the sample means "to the device the op runs on"."""
     kwargs = to_device(dict(sample.kwargs), device)
     if "device" in kwargs and kwargs["device"] is not None:  # factory ops: create on the device under test
         kwargs["device"] = device
-    return MovedSample(to_device(sample.input, device), to_device(tuple(sample.args), device), kwargs)
+    args = tuple(sample.args) if op_name in CPU_ARGS_OPS else to_device(tuple(sample.args), device)
+    args = tuple(device if _names_device(arg, ref_device) else arg for arg in args)
+    return MovedSample(to_device(sample.input, device), args, kwargs)
+
+
+def _names_device(value, ref_device: str) -> bool:
+    if isinstance(value, torch.device):
+        return value == torch.device(ref_device)
+    return isinstance(value, str) and value == ref_device
 
 
 def _run(op, sample):
@@ -200,7 +230,8 @@ class SampleResult:
 
 def check_sample(op, sample, device: str = "flagos", ref_device: str = "cpu") -> SampleResult:
     """Run one sample on the reference device and on `device`; compare."""
-    dev_sample = move_sample(sample, device)  # before the reference run: in-place variants mutate the input
+    # Before the reference run: in-place variants mutate the input.
+    dev_sample = move_sample(sample, device, ref_device, op.name)
     ref_exc = None
     try:
         expected = _run(op, sample)

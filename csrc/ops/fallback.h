@@ -1,0 +1,28 @@
+// The routes: one call of an operator run on the backend the router chose, and counted.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <array>
+#include <cstdint>
+
+#include "ops/router.h"
+
+namespace flagos::ops {
+
+// Runs the call on `stack` on `backend`: native (the native device's kernel on zero-copy aliases), cpu
+// (copied to the CPU and back) or flaggems/python (the Python implementation, on native aliases), and
+// counts it for that backend.
+void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The boxed PrivateUse1 fallback: route_for(op), then run_route. Also the kernel that op_entry.cpp
+// registers for the ops flagos routes directly although a composite kernel would otherwise run for them.
+void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Calls each backend served (indexed by Backend) since the process started or the last reset. Relaxed
+// counters: exact once the calls being counted have returned, and cheap enough to be always on.
+std::array<uint64_t, kNumBackends> backend_call_counts();
+void reset_backend_call_counts();
+
+}  // namespace flagos::ops

@@ -1,0 +1,216 @@
+// Which kernel flagos runs for an operator, and the kernels that route ops a composite kernel would
+// otherwise keep from the router (see ops/op_entry.h).
+#include "ops/op_entry.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/fallback.h"
+#include "ops/router.h"
+
+namespace flagos::ops {
+namespace {
+
+using c10::DispatchKey;
+
+// Ops flagos routes directly from the start. For each, torch runs a composite kernel on a backend without
+// a kernel of its own, although the native device has one, and that composite is wrong for flagos:
+constexpr const char* kBuiltinOps[] = {
+    // The composites are decompositions that compute in another order than the native kernels (OpInfo:
+    // layer_norm float32 differs from CPU by 1e-4, group_norm and addr in bfloat16 beyond tolerance),
+    // and each costs several routed ops.
+    "native_layer_norm",
+    "native_group_norm",
+    "addr",
+    "addr.out",
+    // The composites pick the convolution implementation from the tensors' device: for PrivateUse1 that
+    // is convolution_overrideable, which nobody implements ("convolution_overrideable not implemented").
+    // Routed, they run on native aliases and pick the native device's implementation.
+    "convolution",
+    "_convolution",
+    "convolution_backward",
+    // Not a CompositeExplicitAutograd one: its CompositeExplicitAutogradNonFunctional kernel calls
+    // mse_loss.out, whose native kernel warns that it resizes the (correctly shaped) out= tensor on every
+    // call, a torch bug that plain CPU out= calls show too. Routed, the native kernel runs functionally.
+    "mse_loss",
+};
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : kBuiltinOps) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
+  }
+}
+
+bool is_builtin(const c10::OperatorName& name) {
+  static const std::unordered_set<c10::OperatorName>* builtin = [] {
+    auto* names = new std::unordered_set<c10::OperatorName>();
+    for (const char* text : kBuiltinOps) {
+      const std::string s(text);
+      const auto dot = s.find('.');
+      names->emplace("aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1));
+    }
+    return names;
+  }();
+  return builtin->count(name) != 0;
+}
+
+// The composite kernel the dispatcher would use for PrivateUse1, in its order of precedence.
+std::optional<DispatchKey> composite_key(const c10::OperatorHandle& op) {
+  for (DispatchKey key : {DispatchKey::CompositeExplicitAutogradNonFunctional,
+                          DispatchKey::CompositeExplicitAutograd, DispatchKey::CompositeImplicitAutograd}) {
+    if (op.hasKernelForDispatchKey(key)) return key;
+  }
+  return std::nullopt;
+}
+
+// PrivateUse1 kernel of an op routed because a rule named it. Without a rule (it was removed) the op runs
+// its composite kernel, as it did before it was routed: the same results, and on the native route the
+// composite's out= call stays zero-copy where a functional kernel's fresh outputs would be copied.
+void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const Route r = route(op);
+  if (!r.by_default) {
+    run_route(r.backend, op, stack);
+    return;
+  }
+  const std::optional<DispatchKey> key = composite_key(op);
+  TORCH_INTERNAL_ASSERT(key.has_value(), "flagos: ", op.operator_name(), " lost its composite kernel");
+  op.callBoxedForDispatchKey(*key, *stack);
+}
+
+// Whether autograd records this call: grad mode on and a tensor argument requiring grad, or a tensor
+// argument with a forward-mode gradient (forward AD ignores grad mode).
+bool autograd_records(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const bool grad_mode = c10::GradMode::is_enabled();
+  auto records = [&](const at::Tensor& t) {
+    return t.defined() && ((grad_mode && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+  };
+  const size_t num_args = op.schema().arguments().size();
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(num_args); it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      if (records(it->toTensor())) return true;
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) {
+        if (records(t)) return true;
+      }
+    } else if (it->isList()) {
+      for (const c10::IValue& e : it->toListRef()) {
+        if (e.isTensor() && records(e.toTensor())) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// AutogradPrivateUse1 kernel of a routed CompositeImplicitAutograd op. Such an op has no derivative of its
+// own: autograd differentiates its decomposition. With a PrivateUse1 kernel registered the dispatcher no
+// longer decomposes it at the autograd key, so this kernel does: when autograd records the call it runs the
+// decomposition (whose ops are routed on their own); otherwise the call goes on to the router.
+void implicit_autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                              torch::jit::Stack* stack) {
+  if (autograd_records(op, *stack)) {
+    op.callBoxedForDispatchKey(DispatchKey::CompositeImplicitAutograd, *stack);
+    return;
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+struct Registry {
+  std::mutex mu;
+  // (namespace, dispatch key) -> the library its impls are registered through. Leaked on purpose: the
+  // registrations stay for the process (ops may run during static destruction).
+  std::unordered_map<std::string, torch::Library*> libraries;
+  std::unordered_set<c10::OperatorName> routed;  // ops whose routed_composite_kernel is registered
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+torch::Library& library_locked(Registry& r, const std::string& ns, DispatchKey key) {
+  torch::Library*& lib = r.libraries[ns + "/" + c10::toString(key)];
+  if (lib == nullptr) lib = new torch::Library(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  return *lib;
+}
+
+OpEntry entry_locked(const Registry& r, const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.operator_name();
+  if (is_builtin(name)) return OpEntry::kBuiltin;
+  if (r.routed.count(name) != 0) return OpEntry::kRouted;
+  if (op.hasKernelForDispatchKey(DispatchKey::PrivateUse1)) return OpEntry::kOwnKernel;
+  if (composite_key(op).has_value()) return OpEntry::kComposite;
+  return OpEntry::kFallback;
+}
+
+// "aten::mm.out" for an op whose composite kernel probably calls it.
+std::string probable_out_overload(const c10::OperatorName& name) {
+  std::string base = name.name;
+  while (!base.empty() && base.back() == '_') base.pop_back();
+  const c10::OperatorName out(base, "out");
+  if (out == name || !c10::Dispatcher::singleton().findSchema(out).has_value()) return "";
+  return op_display_name(out);
+}
+
+}  // namespace
+
+OpEntry op_entry(const c10::OperatorHandle& op) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return entry_locked(r, op);
+}
+
+void ensure_routed_kernel(const c10::OperatorHandle& op) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (entry_locked(r, op) != OpEntry::kComposite) return;
+  const c10::OperatorName& name = op.operator_name();
+  const std::string ns = name.name.substr(0, name.name.find("::"));
+  const std::string qualified = op_display_name(name);
+  const bool implicit = composite_key(op) == DispatchKey::CompositeImplicitAutograd;
+  library_locked(r, ns, DispatchKey::PrivateUse1)
+      .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&routed_composite_kernel>());
+  if (implicit && !op.hasKernelForDispatchKey(DispatchKey::AutogradPrivateUse1)) {
+    library_locked(r, ns, DispatchKey::AutogradPrivateUse1)
+        .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&implicit_autograd_kernel>());
+  }
+  r.routed.insert(name);
+}
+
+std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
+  const OpEntry entry = op_entry(op);
+  if (entry == OpEntry::kFallback || entry == OpEntry::kBuiltin) return "";
+  if (entry == OpEntry::kOwnKernel) {
+    const std::string table = op.dumpComputedTable();
+    const auto line = table.find("PrivateUse1: registered at ");
+    std::string where;
+    if (line != std::string::npos) {
+      const auto start = line + std::string("PrivateUse1: ").size();
+      where = " (" + table.substr(start, table.find(" [", start) - start) + ")";
+    }
+    return "flagos has a kernel of its own for it" + where + ", so its calls do not go through the router";
+  }
+  const DispatchKey key = composite_key(op).value_or(DispatchKey::CompositeExplicitAutograd);
+  if (key == DispatchKey::CompositeImplicitAutograd) {
+    if (has_rule) {
+      return "it is CompositeImplicitAutograd: when autograd records a call (grad mode on and an input "
+             "requiring grad) it still decomposes into other ops, which are routed on their own";
+    }
+    return "no rule names it, so it is CompositeImplicitAutograd on flagos: it decomposes into other ops, "
+           "which are routed on their own";
+  }
+  if (has_rule && entry == OpEntry::kRouted) return "";
+  const std::string out = probable_out_overload(op.operator_name());
+  return std::string("no rule names it, so on flagos it runs its ") + c10::toString(key) +
+         " kernel, which calls other ops" + (out.empty() ? "" : " (probably " + out + ")") +
+         " that are routed on their own";
+}
+
+}  // namespace flagos::ops
