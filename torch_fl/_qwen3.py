@@ -33,6 +33,9 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=1024,
+        # Qwen3's 0.02 is small for hidden 64: the tied embeddings then decide alone and greedy decoding
+        # just repeats the last prompt token. At 0.2 the layers matter and the text varies.
+        initializer_range=0.2,
     ),
     # Qwen3-0.6B's architecture (its config.json), with random weights.
     "0.6b": dict(
@@ -44,6 +47,7 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=8,
         head_dim=128,
         max_position_embeddings=40960,
+        initializer_range=0.02,
     ),
 }
 # Shared by both shapes, as in Qwen3-0.6B (tied input and output embeddings included). No bos/eos/pad
@@ -78,11 +82,13 @@ class Tolerance:
     weight_atol: float | None
 
 
-# float32 on the simulated accelerator differs from CPU by ~1e-7 (flagos runs SDPA as its math
-# decomposition, CPU its flash kernel): bounds here are 100x that. bfloat16 bounds are a few bf16 ulps.
+# float32 on the simulated accelerator differs from CPU by ~1e-7 of the logits' RMS (flagos runs SDPA as
+# its math decomposition, CPU its flash kernel): the bounds are ~100x that. The bfloat16 bounds admit
+# what rounding every op differently does at the 0.6B shape (bf16 against float32 on the CPU: at most
+# 0.08 RMS), and stay an order of magnitude below what one wrong kernel does (about 1 RMS).
 TOLERANCES = {
     torch.float32: Tolerance(rtol=1e-4, atol=1e-4, loss_rtol=1e-4, update_rtol=1e-3, weight_atol=0.05),
-    torch.bfloat16: Tolerance(rtol=5e-2, atol=5e-2, loss_rtol=2e-2, update_rtol=0.15, weight_atol=None),
+    torch.bfloat16: Tolerance(rtol=5e-2, atol=1e-1, loss_rtol=2e-2, update_rtol=0.15, weight_atol=None),
     torch.float16: Tolerance(rtol=1e-2, atol=1e-2, loss_rtol=5e-3, update_rtol=0.05, weight_atol=None),
 }
 
@@ -292,6 +298,9 @@ def greedy_generate(
 def load_tokenizer(model_path):
     """The tokenizer saved with a local model directory, or None where there is none."""
     if not model_path:
+        return None
+    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.exists(os.path.join(model_path, name)) for name in files):
         return None
     try:
         from transformers import AutoTokenizer
