@@ -22,6 +22,21 @@ PY
 
 # Build requirements (no build isolation, so the build sees the installed torch) and test requirements.
 "$PYTHON" -m pip install -q "scikit-build-core>=0.10" ninja "pytest>=8" numpy expecttest
+
+# Hugging Face transformers for the Qwen3 demo, benchmark and tests/models. Its own requirements, and
+# accelerate's (device_map="flagos"), both list torch: install them with --no-deps, and their runtime
+# dependencies explicitly (none of which needs torch), so that pip never touches the installed torch.
+# An installed transformers 5.x (the GPU machine's, with no network) is used as it is.
+if ! "$PYTHON" -c "import sys, transformers; sys.exit(int(transformers.__version__.split('.')[0]) != 5)" 2>/dev/null; then
+  echo "[torch_fl] installing transformers 5.17.0 (and its dependencies, without torch)"
+  "$PYTHON" -m pip install -q "huggingface-hub>=1.5.0,<2.0" "tokenizers>=0.23.1,<0.24" "safetensors>=0.8.0" \
+    "regex>=2025.10.22" "pyyaml>=5.1" "packaging>=20.0" "tqdm>=4.60" typer filelock psutil
+  "$PYTHON" -m pip install -q --no-deps transformers==5.17.0
+fi
+if ! "$PYTHON" -c "import accelerate" 2>/dev/null; then
+  { "$PYTHON" -m pip install -q psutil && "$PYTHON" -m pip install -q --no-deps accelerate==1.15.0; } \
+    || echo "[torch_fl] accelerate could not be installed: the device_map test will be skipped"
+fi
 if ! command -v cmake >/dev/null 2>&1; then "$PYTHON" -m pip install -q cmake; fi
 
 echo "[torch_fl] building and installing (pip install --no-build-isolation -e .)"

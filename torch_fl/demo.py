@@ -1,10 +1,13 @@
-"""``python -m torch_fl.demo``: the flagos device at work on whatever accelerator exists.
+"""``python -m torch_fl.demo``: a Qwen3 model generating text on the flagos device, checked against the
+reference device.
 
-It reports the environment, then moves a batch of data through the device the way a training input
-pipeline does (pinned host buffers, non-blocking copies on a side stream, events to order and time them,
-a copy between devices when there are several), checks every byte against the CPU reference and prints
-throughput and allocator statistics. Compute operators arrive with the operator layer; this demo grows
-with them.
+It reports the environment (device, accelerator), builds Hugging Face's Qwen3ForCausalLM (random weights
+from a fixed seed: the tiny shape on the simulated accelerator, Qwen3-0.6B's shape on a GPU; or a local
+checkpoint with ``--model``), generates greedily on flagos and on the reference device (the CPU on the
+simulated accelerator, CUDA on NVIDIA), checks that logits and token ids agree within the dtype's
+tolerance, and prints tokens/s on both and how many operator calls each flagos backend served. Without a
+tokenizer (random weights, or a checkpoint without one) the text is shown as token ids. The exit code is 1
+when parity fails.
 """
 
 from __future__ import annotations
@@ -18,7 +21,57 @@ def _progress(message: str) -> None:
     print(f"  .. {message}", flush=True)
 
 
-def run(batches: int, batch_mib: int) -> int:
+class _Phase:
+    """Prints what is being done, then how long it took."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        _progress(f"{self.what} ...")
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            _progress(f"{self.what}: done in {time.perf_counter() - self.start:.1f} s")
+
+
+def _token_progress(label: str, total: int):
+    """A transformers streamer printing generation progress, at most one line a second."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Progress(BaseStreamer):
+        def __init__(self):
+            self.seen = -1  # the first put() is the prompt
+            self.start = self.last = time.perf_counter()
+
+        def put(self, value):
+            self.seen += 1
+            now = time.perf_counter()
+            if self.seen > 0 and now - self.last >= 1.0:
+                self.last = now
+                _progress(f"{label}: {self.seen}/{total} tokens, {now - self.start:.1f} s")
+
+        def end(self):
+            pass
+
+    return Progress()
+
+
+def _generate(model, ids, new_tokens: int, device: str, label: str):
+    from torch_fl import _qwen3
+
+    _qwen3.synchronize(device)
+    start = time.perf_counter()
+    out = _qwen3.greedy_generate(
+        model, ids, new_tokens, fixed_length=False, streamer=_token_progress(label, new_tokens)
+    )
+    _qwen3.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> int:
     import torch
 
     import torch_fl
@@ -27,60 +80,132 @@ def run(batches: int, batch_mib: int) -> int:
     if report() != 0:
         print("\nflagos has no usable device here; see the report above.")
         return 1
-    flagos = torch.flagos
-    elements = batch_mib * 2**20 // 4
-    print(f"\nPipeline: {batches} batches of {batch_mib} MiB, host -> flagos:0 on a side stream -> host")
-    copy_stream = flagos.Stream()
-    host_batches = [torch.randn(elements).pin_memory() for _ in range(batches)]
-    results = [torch.empty(elements).pin_memory() for _ in range(batches)]
-    start, end = flagos.Event(enable_timing=True), flagos.Event(enable_timing=True)
-    wall = time.perf_counter()
-    with flagos.stream(copy_stream):
-        start.record()
-        for index, (src, dst) in enumerate(zip(host_batches, results, strict=True)):
-            on_device = src.to("flagos", non_blocking=True)
-            dst.copy_(on_device, non_blocking=True)
-            if (index + 1) % max(1, batches // 4) == 0:
-                _progress(f"queued batch {index + 1}/{batches}")
-        end.record()
-    end.synchronize()
-    wall = time.perf_counter() - wall
-    moved = 2 * batches * elements * 4
-    ok = all(torch.equal(a, b) for a, b in zip(host_batches, results, strict=True))
-    print(
-        f"  round trip: {'bit-exact' if ok else 'MISMATCH'}; {moved / 2**30:.2f} GiB moved in "
-        f"{start.elapsed_time(end):.1f} ms of stream time ({moved / wall / 1e9:.2f} GB/s wall)"
-    )
-    if not ok:
+    try:
+        import transformers
+    except ImportError:
+        print("\nThe demo needs Hugging Face transformers 5.x (scripts/install.sh installs it).")
         return 1
+    from torch_fl import _qwen3
 
-    if flagos.device_count() > 1:
-        x = host_batches[0].to("flagos:0")
-        y = x.to("flagos:1")
-        same = torch.equal(y.cpu(), host_batches[0])
-        print(f"  flagos:0 -> flagos:1 copy: {'bit-exact' if same else 'MISMATCH'}")
-        if not same:
-            return 1
-
-    stats = flagos.memory_stats()
+    reference = _qwen3.reference_device()
+    dtype = _qwen3.parse_dtype(args.dtype, reference)
+    shape = _qwen3.default_shape(reference) if args.shape == "auto" else args.shape
+    source = args.model or f"Qwen3 {shape} shape, random weights (seed {args.seed})"
     print(
-        f"  allocator: {stats['num_device_alloc']} device allocations served "
-        f"{stats['allocation.all.allocated']} tensor allocations; "
-        f"peak {flagos.max_memory_allocated() / 2**20:.0f} MiB allocated, "
-        f"{flagos.memory_reserved() / 2**20:.0f} MiB reserved now"
+        f"\nQwen3 on flagos ({torch_fl.accelerator()}) against {reference}; transformers {transformers.__version__}"
     )
-    print(f"\ntorch_fl {torch_fl.__version__} on the '{torch_fl.accelerator()}' accelerator: OK")
-    return 0
+    print(f"  model: {source}, {str(dtype).replace('torch.', '')}")
+
+    with _Phase("building the model on the CPU"):
+        master = _qwen3.build_model(shape, seed=args.seed, dtype=dtype, model_path=args.model)
+    c = master.config
+    params = sum(p.numel() for p in master.parameters())
+    print(
+        f"  {params / 1e6:.1f} M parameters: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+        f"{c.num_attention_heads} heads ({c.num_key_value_heads} KV), vocab {c.vocab_size}"
+    )
+    with _Phase(f"copying it to flagos and to {reference}"):
+        on_flagos = _qwen3.copy_to(master, "flagos")
+        on_reference = _qwen3.copy_to(master, reference)
+        del master
+
+    tokenizer = _qwen3.load_tokenizer(args.model)
+    if tokenizer is not None:
+        ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+        print(f"  prompt: {args.prompt!r} (the checkpoint's tokenizer)")
+    else:
+        g = torch.Generator().manual_seed(args.seed + 1)
+        ids = torch.randint(0, c.vocab_size, (1, args.prompt_length), generator=g)
+    print("  prompt ids: " + " ".join(str(i) for i in ids[0].tolist()))
+    # Host -> device the way an input pipeline does it: pinned memory, a non-blocking copy.
+    prompt = ids.pin_memory().to("flagos", non_blocking=True)
+    prompt_ref = ids.to(reference)
+    prompt_length = ids.shape[1]
+
+    with _Phase("warming up both devices (2 tokens each)"):
+        _qwen3.greedy_generate(on_flagos, prompt, 2)
+        _qwen3.greedy_generate(on_reference, prompt_ref, 2)
+    _qwen3.reset_routing_counts()
+    out, fl_seconds = _generate(on_flagos, prompt, args.new_tokens, "flagos", "generating on flagos")
+    counts = _qwen3.routing_counts()
+    _progress(f"generated {out.sequences.shape[1] - prompt_length} tokens on flagos in {fl_seconds:.2f} s")
+    ref_out, ref_seconds = _generate(
+        on_reference, prompt_ref, args.new_tokens, reference, f"generating on {reference}"
+    )
+    _progress(
+        f"generated {ref_out.sequences.shape[1] - prompt_length} tokens on {reference} in {ref_seconds:.2f} s"
+    )
+
+    tokens = out.sequences[0, prompt_length:].cpu()
+    print("\n  flagos generated ids: " + " ".join(str(i) for i in tokens.tolist()))
+    if tokenizer is not None:
+        print(f"  flagos generated text: {tokenizer.decode(tokens)!r}")
+
+    with _Phase("checking parity (logits of the whole sequence on both devices)"):
+        divergence = _qwen3.greedy_divergence(
+            ref_out.sequences, out.sequences, ref_out.logits, prompt_length, dtype
+        )
+        full = ref_out.sequences.cpu()
+        with torch.no_grad():
+            expected = on_reference(full.to(reference)).logits
+            actual = on_flagos(full.to("flagos")).logits
+        logits = _qwen3.compare_logits(actual, expected, dtype)
+    same = 0
+    if out.sequences.shape == ref_out.sequences.shape:  # with an end-of-sequence token lengths may differ
+        same = int((out.sequences.cpu() == ref_out.sequences.cpu()).all(dim=0)[prompt_length:].sum())
+    n_fl = out.sequences.shape[1] - prompt_length
+    n_ref = ref_out.sequences.shape[1] - prompt_length
+    ids_verdict = "OK" if divergence is None else f"MISMATCH: {divergence}"
+    print(f"  parity, token ids: {same}/{n_ref} identical to {reference}'s: {ids_verdict}")
+    print(f"  parity, logits:    {logits}")
+
+    fl_rate, ref_rate = n_fl / fl_seconds, n_ref / ref_seconds
+    print(
+        f"  tokens/s (greedy generate, prefill included): flagos {fl_rate:.1f}, {reference} {ref_rate:.1f} "
+        f"(flagos/{reference} {fl_rate / ref_rate:.2f})"
+    )
+    print(f"  op calls served on flagos during generate, by backend: {_qwen3.format_counts(counts)}")
+    print(f"  flagos memory: peak {torch.flagos.max_memory_allocated() / 2**20:.0f} MiB allocated")
+
+    ok = divergence is None and logits.ok
+    print(
+        f"\ntorch_fl {torch_fl.__version__} on the '{torch_fl.accelerator()}' accelerator: {'OK' if ok else 'PARITY FAILED'}"
+    )
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_fl.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=16, help="number of batches to move (default 16)")
-    parser.add_argument("--batch-mib", type=int, default=16, help="size of one batch in MiB (default 16)")
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_fl.demo",
+        description=__doc__.split("\n\n")[0].strip("`").replace("``", ""),
+    )
+    parser.add_argument(
+        "--model", metavar="PATH", help="a local Hugging Face causal-LM directory (real weights)"
+    )
+    parser.add_argument(
+        "--shape", choices=["auto", "tiny", "0.6b"], default="auto",
+        help="random-weight Qwen3 shape without --model (auto: 0.6b on a GPU, tiny otherwise)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+        help="auto: bfloat16 on a GPU, float32 otherwise",
+    )  # fmt: skip
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    parser.add_argument(
+        "--prompt-length", type=int, default=16, help="prompt length without a tokenizer (16)"
+    )
+    parser.add_argument(
+        "--prompt",
+        default="The flagos device runs PyTorch on many chips.",
+        help="prompt text (with a tokenizer)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the random weights and prompt (default 0)"
+    )
     args = parser.parse_args(argv)
-    if args.batches < 1 or args.batch_mib < 1:
-        parser.error("--batches and --batch-mib must be at least 1")
-    return run(args.batches, args.batch_mib)
+    if args.new_tokens < 1 or args.prompt_length < 1:
+        parser.error("--new-tokens and --prompt-length must be at least 1")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,224 @@
+"""Qwen3 on flagos against the reference device, in the same process: prefill latency, greedy decode
+tokens/s and one training step, for each routing config.
+
+The reference is the device flagos runs on underneath (the CPU on the simulated accelerator, CUDA on
+NVIDIA). Each measurement alternates reference and flagos runs, ``--repeats`` times after one warm-up run
+each, and reports medians and the flagos/reference ratios: times (lower is better for flagos) and speeds
+(higher is better).
+
+- prefill: one forward pass over a ``1 x --prompt-length`` prompt (last position's logits, as generate does);
+- decode: greedy ``generate`` of ``--new-tokens`` tokens after a 16-token prompt; tokens/s counts the
+  tokens after the first, timed from the first new token to the last (prefill excluded);
+- train: forward, backward and an AdamW step (foreach) on ``--batch x --train-length`` tokens, in the
+  model's dtype.
+
+``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
+rules: every op on the native route where the native device has a kernel) or paths of config files
+(``torch_fl.routing.load_config``; see docs/routing.md).
+
+    python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
+                               [--configs native,my.conf] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import torch_fl
+from torch_fl import _qwen3
+
+_DEFAULTS = {  # shape -> (prompt length, new tokens, batch, train length); 0.6b as in docs/design.md
+    "tiny": (128, 32, 2, 128),
+    "0.6b": (512, 32, 2, 512),
+}
+
+
+def _timed(fn, device: str) -> float:
+    _qwen3.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    _qwen3.synchronize(device)
+    return time.perf_counter() - start
+
+
+class _DecodeClock:
+    """A transformers streamer recording when each new token arrives (generate synchronises per token)."""
+
+    def __init__(self):
+        from transformers.generation.streamers import BaseStreamer
+
+        class Clock(BaseStreamer):
+            def __init__(self):
+                self.times: list[float] = []
+                self.first = True
+
+            def put(self, value):
+                if self.first:  # the prompt
+                    self.first = False
+                    return
+                self.times.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        self.cls = Clock
+
+    def new(self):
+        return self.cls()
+
+
+class Workload:
+    """The three measurements for one device."""
+
+    def __init__(self, master, device: str, dtype: torch.dtype, sizes: tuple[int, int, int, int], vocab: int):
+        prompt_length, self.new_tokens, batch, train_length = sizes
+        self.device = device
+        self.model = _qwen3.copy_to(master, device)
+        self.train_model = _qwen3.copy_to(master, device).train()
+        self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
+        g = torch.Generator().manual_seed(0)
+        self.prompt = torch.randint(0, vocab, (1, prompt_length), generator=g).to(device)
+        self.decode_prompt = torch.randint(0, vocab, (1, 16), generator=g).to(device)
+        self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g).to(device)
+        self.clock = _DecodeClock()
+
+    def prefill(self) -> float:
+        def run():
+            with torch.no_grad():
+                self.model(self.prompt, logits_to_keep=1)
+
+        return _timed(run, self.device)
+
+    def decode(self) -> float:
+        """tokens/s of greedy decoding, the first new token (prefill) excluded."""
+        clock = self.clock.new()
+        _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock)
+        _qwen3.synchronize(self.device)
+        return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
+
+    def train(self) -> float:
+        def run():
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.train_model(self.train_ids, labels=self.train_ids).loss
+            loss.backward()
+            self.opt.step()
+
+        return _timed(run, self.device)
+
+
+def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float]]:
+    """name -> (median on the reference, median on flagos); one warm-up each, runs interleaved."""
+    results = {}
+    for name in ("prefill", "decode", "train"):
+        samples: dict[str, list[float]] = {"ref": [], "fl": []}
+        for warm_up in (True,) + (False,) * repeats:
+            for key, workload in (("ref", ref), ("fl", fl)):
+                value = getattr(workload, name)()
+                if not warm_up:
+                    samples[key].append(value)
+        results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]))
+        print(f"  .. {name}: done", flush=True)
+    _qwen3.let_autograd_threads_finish()
+    return results
+
+
+def _use_config(config: str, native_file: str) -> str:
+    """Resets routing and loads ``config``; returns how to name it."""
+    torch_fl.routing.reset(all=True)
+    if config == "native":
+        torch_fl.routing.load_config(native_file)
+        return "native (no config rules)"
+    torch_fl.routing.load_config(config)
+    return os.path.abspath(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", metavar="PATH", help="a local Hugging Face causal-LM directory")
+    parser.add_argument("--shape", choices=list(_qwen3.SHAPES), help="default: 0.6b on a GPU, tiny otherwise")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *_qwen3.DTYPES])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--configs", default="native", help="comma-separated: native and/or config files")
+    parser.add_argument("--prompt-length", type=int, help="prefill prompt length (tiny 128, 0.6b 512)")
+    parser.add_argument("--new-tokens", type=int, help="decoded tokens (32)")
+    parser.add_argument("--batch", type=int, help="training batch (2)")
+    parser.add_argument("--train-length", type=int, help="training sequence length (tiny 128, 0.6b 512)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.new_tokens is not None and args.new_tokens < 2:
+        parser.error("--new-tokens must be at least 2")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    reference = _qwen3.reference_device()
+    dtype = _qwen3.parse_dtype(args.dtype, reference)
+    shape = args.shape or _qwen3.default_shape(reference)
+    defaults = _DEFAULTS["tiny" if args.model is None and shape == "tiny" else "0.6b"]
+    sizes = tuple(
+        given if given is not None else default
+        for given, default in zip(
+            (args.prompt_length, args.new_tokens, args.batch, args.train_length), defaults, strict=True
+        )
+    )
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for config in configs:
+        if config != "native" and not os.path.isfile(config):
+            parser.error(f"--configs: {config!r} is neither 'native' nor a file")
+
+    print(
+        f"torch {torch.__version__}, torch_fl {torch_fl.__version__} on '{torch_fl.accelerator()}', "
+        f"reference {reference}, {torch.get_num_threads()} CPU threads, repeats {args.repeats}"
+    )
+    master = _qwen3.build_model(shape, dtype=dtype, model_path=args.model)
+    c = master.config
+    print(
+        f"model: {args.model or f'Qwen3 {shape} shape, random weights'}, {str(dtype).replace('torch.', '')}, "
+        f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; prefill 1x{sizes[0]}, "
+        f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
+    )
+    ref = Workload(master, reference, dtype, sizes, c.vocab_size)
+    fl = Workload(master, "flagos", dtype, sizes, c.vocab_size)
+    del master
+
+    with tempfile.TemporaryDirectory() as tmp:
+        native_file = os.path.join(tmp, "native.conf")
+        with open(native_file, "w") as f:
+            f.write("# no rules: the default chain (native where the native device has a kernel, else cpu)\n")
+        for config in configs:
+            name = _use_config(config, native_file)
+            print(f"\nconfig {name}")
+            _qwen3.reset_routing_counts()
+            results = measure(ref, fl, args.repeats)
+            counts = _qwen3.routing_counts()
+            (p_ref, p_fl), (d_ref, d_fl), (t_ref, t_fl) = (results[k] for k in ("prefill", "decode", "train"))
+            rows = [
+                (f"prefill 1x{sizes[0]} (ms)", p_ref * 1e3, p_fl * 1e3, f"time {p_fl / p_ref:.2f}"),
+                ("decode (tokens/s)", d_ref, d_fl, f"speed {d_fl / d_ref:.2f}"),
+                (
+                    f"train step {sizes[2]}x{sizes[3]} (ms)",
+                    t_ref * 1e3,
+                    t_fl * 1e3,
+                    f"time {t_fl / t_ref:.2f}",
+                ),
+            ]
+            print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}")
+            for label, on_ref, on_fl, ratio in rows:
+                print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio}")
+            print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
+    torch_fl.routing.reset(all=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Model tests: Hugging Face Qwen3 on flagos against the reference device.
+
+Shape: ``FLAGOS_QWEN3_SHAPE`` = ``tiny`` (default, what CI runs) or ``0.6b`` (Qwen3-0.6B's architecture;
+those runs are marked ``gpu`` and need flagos on CUDA, so they are skipped elsewhere). The reference is
+``cuda`` where flagos runs on CUDA, else ``cpu``; the dtype is bfloat16 against CUDA, float32 against the
+CPU, or ``FLAGOS_QWEN3_DTYPE``. Weights are random from a fixed seed; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+
+from torch_fl import _qwen3
+
+SHAPE = os.environ.get("FLAGOS_QWEN3_SHAPE", "tiny")
+if SHAPE not in _qwen3.SHAPES:
+    raise pytest.UsageError(f"FLAGOS_QWEN3_SHAPE={SHAPE!r}: valid shapes are {', '.join(_qwen3.SHAPES)}")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.hookimpl(tryfirst=True)  # before the root conftest's hook turns `gpu` marks into skips
+def pytest_collection_modifyitems(config, items):
+    if SHAPE == "tiny":
+        return
+    for item in items:
+        if os.path.dirname(str(item.path)).startswith(_HERE):
+            item.add_marker(pytest.mark.gpu)
+            item.add_marker(pytest.mark.slow)
+            if torch.cuda.is_available() and _qwen3.reference_device() != "cuda":
+                item.add_marker(pytest.mark.skip(reason=f"the {SHAPE} shape runs only with flagos on CUDA"))
+
+
+@pytest.fixture(scope="session")
+def qwen3():
+    """What every model test shares: shape, reference device, dtype, tolerances, sizes."""
+    pytest.importorskip("transformers", minversion="5.0")
+    reference = _qwen3.reference_device()
+    dtype_name = os.environ.get("FLAGOS_QWEN3_DTYPE", "auto")
+    dtype = _qwen3.parse_dtype(dtype_name, reference)
+    big = SHAPE != "tiny"
+    return types.SimpleNamespace(
+        shape=SHAPE,
+        reference=reference,
+        dtype=dtype,
+        tol=_qwen3.TOLERANCES[dtype],
+        batch=2,
+        prompt_length=32 if big else 16,
+        new_tokens=16,
+        train_steps=4,
+        lr=1e-3,
+    )
+
+
+@pytest.fixture(scope="session")
+def master_model(qwen3):
+    """The model on the CPU in float32 (random weights, seed 0); tests copy it to their devices."""
+    return _qwen3.build_model(qwen3.shape, seed=0, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(qwen3, master_model):
+    g = torch.Generator().manual_seed(1234)
+    return torch.randint(0, master_model.config.vocab_size, (qwen3.batch, qwen3.prompt_length), generator=g)

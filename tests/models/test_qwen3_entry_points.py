@@ -1,0 +1,125 @@
+"""The Qwen3 entry points: ``python -m torch_fl.demo`` and ``benchmarks/qwen3.py``, with random weights and
+with ``--model`` on a checkpoint saved here."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+from torch_fl import _qwen3
+
+pytest.importorskip("transformers", minversion="5.0")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT_S = 900  # the 0.6b shape builds and runs the full-size model
+
+
+def _ids(stdout: str, label: str) -> list[int]:
+    lines = [line for line in stdout.splitlines() if line.strip().startswith(label)]
+    assert len(lines) == 1, f"expected one '{label}' line in\n{stdout}"
+    return [int(tok) for tok in lines[0].split(":", 1)[1].split()]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, qwen3):
+    """A Qwen3 checkpoint of the test shape (seed 7, unlike the demo's default 0) with a word-level
+    tokenizer ("w0" .. "w<vocab-1>"), built here: nothing is downloaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("qwen3-checkpoint")
+    model = _qwen3.build_model(qwen3.shape, seed=7, dtype=qwen3.dtype)
+    model.save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0").save_pretrained(path)
+    return path
+
+
+def test_demo(run_python, qwen3):
+    result = run_python(
+        "", args=["-m", "torch_fl.demo", "--shape", qwen3.shape, "--new-tokens", "8"], timeout=TIMEOUT_S
+    )
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    assert "accelerator" in out and "HAL library" in out, "the demo starts with torch_fl's environment report"
+    assert re.search(r"parity, token ids: 8/8 identical to \w+'s: OK", out), out
+    assert re.search(r"parity, logits: .*: OK", out), out
+    assert re.search(r"tokens/s .*: flagos [\d.]+, (cpu|cuda) [\d.]+", out), out
+    assert "op calls served on flagos" in out
+    assert len(_ids(out, "flagos generated ids")) == 8
+    assert out.rstrip().endswith(": OK")
+
+
+def test_demo_with_model(run_python, qwen3, checkpoint):
+    """--model: the demo runs the checkpoint (its tokens are the checkpoint's, recomputed here on the
+    reference device) and uses the checkpoint's tokenizer."""
+    result = run_python(
+        "",
+        args=[
+            "-m",
+            "torch_fl.demo",
+            "--model",
+            str(checkpoint),
+            "--new-tokens",
+            "6",
+            "--prompt",
+            "w5 w17 w99 w3 w64",
+        ],
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, repr(result)
+    prompt = _ids(result.stdout, "prompt ids")
+    generated = _ids(result.stdout, "flagos generated ids")
+    assert prompt == [5, 17, 99, 3, 64]
+    assert "flagos generated text: '" + " ".join(f"w{i}" for i in generated) + "'" in result.stdout
+
+    model = _qwen3.copy_to(_qwen3.build_model(model_path=checkpoint, dtype=qwen3.dtype), qwen3.reference)
+    expected = _qwen3.greedy_generate(model, torch.tensor([prompt]).to(qwen3.reference), 6)
+    problem = _qwen3.greedy_divergence(
+        expected.sequences, torch.tensor([prompt + generated]), expected.logits, len(prompt), qwen3.dtype
+    )
+    assert problem is None, f"{problem}\n{result.stdout}"
+
+
+def test_demo_fails_when_parity_fails(capsys, qwen3):
+    """A wrong kernel on flagos (mm.out off by 5%) makes the demo report the mismatch and exit 1."""
+    import torch_fl
+    from torch_fl import demo
+
+    def wrong_mm(self, mat2, *, out):
+        return torch.mm(self, mat2, out=out).mul_(1.05)
+
+    torch_fl.routing.register_python_impl("aten::mm.out", wrong_mm)
+    try:
+        code = demo.main(["--shape", qwen3.shape, "--new-tokens", "4"])
+    finally:
+        torch_fl.routing.unregister_python_impl("aten::mm.out")
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert re.search(r"parity, logits: .*MISMATCH", out), out
+    assert "PARITY FAILED" in out
+
+
+def test_benchmark_with_model(run_python, checkpoint, tmp_path):
+    config = tmp_path / "mm_on_cpu.conf"
+    config.write_text("mm.out = cpu\n")
+    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--model", str(checkpoint), "--repeats", "1"]
+    args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
+    result = run_python("", args=[*args, "--configs", f"native,{config}"], timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    assert f"model: {checkpoint}" in out
+    sections = out.split("\nconfig ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["native (no config rules)", str(config)], out
+    for section in sections:
+        assert re.search(r"prefill 1x16 \(ms\)\s+[\d.]+\s+[\d.]+\s+time [\d.]+", section), section
+        assert re.search(r"decode \(tokens/s\)\s+[\d.]+\s+[\d.]+\s+speed [\d.]+", section), section
+        assert re.search(r"train step 1x16 \(ms\)\s+[\d.]+\s+[\d.]+\s+time [\d.]+", section), section
+    counts = sections[1].split("op calls on flagos by backend:")[1].splitlines()[0]
+    if "n/a" not in counts:  # torch_fl.routing.counts() exists: mm.out ran on the cpu backend
+        assert re.search(r"\bcpu [1-9]", counts), counts
