@@ -2,7 +2,7 @@
 # Run on the lent GPU machine (see docs/gpu.md): a fresh build against its torch, then the chosen stages,
 # each with its own time limit, logs under $OUT (or ./gpu-logs).
 #
-#   scripts/gpu_check.sh [stage...]     stages: build ctest cuda sim opinfo bench (default: all, in order)
+#   scripts/gpu_check.sh [stage...]     stages: build ctest cuda sim opinfo bench models (default: all)
 #
 # Wheels the machine lacks (expecttest, FlagGems; scripts/gpu_wheels.sh downloads them into .whl/) are
 # installed into /tmp/site first when .whl/ is there.
@@ -12,7 +12,7 @@ LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build ctest cuda sim opinfo bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build ctest cuda sim opinfo bench models)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -38,7 +38,8 @@ if want ctest; then
 fi
 if want cuda; then
   echo "== pytest, cuda accelerator (auto)"
-  timeout 330 python3 -m pytest tests -q -p no:cacheprovider --deselect tests/test_opinfo.py 2>&1 \
+  timeout 330 python3 -m pytest tests -q -p no:cacheprovider --deselect tests/test_opinfo.py \
+    --ignore tests/models 2>&1 \
     | tee "$LOGS/pytest-cuda.log" | tail -30
   echo "== pytest -m gpu"
   grep -E "passed|failed" "$LOGS/pytest-cuda.log" | tail -1
@@ -57,4 +58,11 @@ if want bench; then
   echo "== benchmarks"
   timeout 120 python3 benchmarks/op_overhead.py --repeats 7 2>&1 | tee "$LOGS/op_overhead.log"
   timeout 120 python3 benchmarks/transfers.py 2>&1 | tee "$LOGS/transfers.log"
+fi
+if want models; then
+  echo "== Qwen3 at the 0.6B shape (bf16) on flagos (cuda route) against cuda"
+  FLAGOS_QWEN3_SHAPE=0.6b timeout 300 python3 -m pytest tests/models -q -p no:cacheprovider 2>&1 \
+    | tee "$LOGS/pytest-models.log" | tail -15
+  timeout 150 python3 -m torch_fl.demo 2>&1 | tee "$LOGS/demo.log" | tail -25
+  timeout 240 python3 benchmarks/qwen3.py --repeats 3 2>&1 | tee "$LOGS/qwen3.log" | tail -25
 fi

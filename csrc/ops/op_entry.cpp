@@ -128,6 +128,8 @@ struct Registry {
   // registrations stay for the process (ops may run during static destruction).
   std::unordered_map<std::string, torch::Library*> libraries;
   std::unordered_set<c10::OperatorName> routed;  // ops whose routed_composite_kernel is registered
+  std::unordered_set<c10::OperatorName>
+      direct;  // ops routed directly because the backing device has a kernel
 };
 
 Registry& registry() {
@@ -143,7 +145,7 @@ torch::Library& library_locked(Registry& r, const std::string& ns, DispatchKey k
 
 OpEntry entry_locked(const Registry& r, const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
-  if (is_builtin(name)) return OpEntry::kBuiltin;
+  if (is_builtin(name) || r.direct.count(name) != 0) return OpEntry::kBuiltin;
   if (r.routed.count(name) != 0) return OpEntry::kRouted;
   if (op.hasKernelForDispatchKey(DispatchKey::PrivateUse1)) return OpEntry::kOwnKernel;
   if (composite_key(op).has_value()) return OpEntry::kComposite;
@@ -182,6 +184,24 @@ void ensure_routed_kernel(const c10::OperatorHandle& op) {
         .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&implicit_autograd_kernel>());
   }
   r.routed.insert(name);
+}
+
+size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  size_t registered = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+    if (!op.has_value() || entry_locked(r, *op) != OpEntry::kComposite) continue;
+    const std::optional<DispatchKey> key = composite_key(*op);
+    if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(backing_key)) continue;
+    const std::string ns = name.name.substr(0, name.name.find("::"));
+    library_locked(r, ns, DispatchKey::PrivateUse1)
+        .impl(op_display_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
+    r.direct.insert(name);
+    ++registered;
+  }
+  return registered;
 }
 
 std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {

@@ -32,6 +32,14 @@ OpEntry op_entry(const c10::OperatorHandle& op);
 // naming the op is first made, so set routes before threads start running the op.
 void ensure_routed_kernel(const c10::OperatorHandle& op);
 
+// When flagos is backed by a torch device type (CUDA), every op that has a kernel for that type but runs
+// a CompositeExplicitAutograd(NonFunctional) kernel on flagos (mm, add.Tensor, native_layer_norm, ...) is
+// routed directly instead: the composite would allocate the result and call the `out` overload through
+// the router, computing the op's metadata twice and aliasing one more tensor, where the backing kernel
+// allocates from the same pool and its result is adopted without a copy. Call once, at device
+// initialisation, before threads run ops (it changes dispatch tables). Returns how many ops it routed.
+size_t route_backed_kernels_directly(c10::DispatchKey backing_key);
+
 // For explain(): why calls of `op` do not (always) take its route, or "" when they do. `has_rule`: a rule
 // names the op.
 std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule);

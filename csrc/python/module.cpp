@@ -3,12 +3,15 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
+
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
+#include <mutex>
 
 #include "ops/aliasing.h"
+#include "ops/op_entry.h"
 #include "python/bindings.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -143,6 +146,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_init", []() {
     hal();
     init_backing();
+    static std::once_flag routed_once;
+    if (is_backed()) {
+      std::call_once(routed_once, [] { flagos::ops::route_backed_kernels_directly(backing_dispatch_key()); });
+    }
   });
   // The torch device type backing flagos ("cuda"), or None when flagos runs its own runtime.
   m.def("_backing_type", []() -> py::object {
