@@ -24,6 +24,10 @@ from torch_fl import routing
 
 NATIVE = "CUDA" if torch_fl.accelerator() == "cuda" else "CPU"
 NATIVE_DEVICE = NATIVE.lower()
+# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (op_entry.h), and
+# results are CUDA's: equal to CPU's within float32 tolerance, not bitwise.
+BACKED = torch_fl._C._backing_type() is not None
+EXP_ROUTED = "aten::exp" if BACKED else "aten::exp.out"
 ZERO = {"native": 0, "cpu": 0, "flaggems": 0, "python": 0}
 
 
@@ -55,7 +59,8 @@ def mats():
 
 def assert_equal(flagos_result, expected):
     assert flagos_result.device.type == "flagos"
-    torch.testing.assert_close(flagos_result.cpu(), expected, rtol=0, atol=0)
+    exact = {} if BACKED else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(flagos_result.cpu(), expected, **exact)
 
 
 # ---- the functional op itself takes its route ---------------------------------------------------------
@@ -158,6 +163,9 @@ def test_explicit_native_runs_the_op_itself_not_its_out_overload():
     assert_equal(result, a @ b)
 
 
+@pytest.mark.skipif(
+    BACKED, reason="backed by CUDA, mm reaches the router directly: there is no composite to fall back to"
+)
 def test_reset_route_behaves_as_never_routed():
     a, b, fa, fb = mats()
     before = torch.mm(fa, fb)
@@ -270,7 +278,7 @@ def test_layer_norm_matches_the_native_kernel():
     w, b = torch.randn(33), torch.randn(33)
     result, counts = counts_of(lambda: F.layer_norm(x.to("flagos"), (33,), w.to("flagos"), b.to("flagos")))
     assert counts == only(native=1), "one native_layer_norm call, not a decomposition"
-    torch.testing.assert_close(result.cpu(), F.layer_norm(x, (33,), w, b), rtol=0, atol=0)
+    assert_equal(result, F.layer_norm(x, (33,), w, b))
 
 
 def test_mse_loss_does_not_warn():
@@ -306,7 +314,7 @@ def test_counts_and_reset():
     x = torch.randn(16, device="flagos")
     _, counts = counts_of(lambda: (x.exp(), x.sin(), x.cos()))
     assert counts == only(native=3)
-    with routing.override({"aten::exp.out": "cpu"}):
+    with routing.override({EXP_ROUTED: "cpu"}):
         _, counts = counts_of(lambda: (x.exp(), x.sin()))
     assert counts == only(native=1, cpu=1)
     routing.reset_counts()
@@ -315,7 +323,7 @@ def test_counts_and_reset():
 
 def test_counts_name_the_backend_after_fall_through():
     x = torch.randn(16, device="flagos")
-    routing.set("aten::exp.out", "flaggems")  # unavailable here: falls through to native
+    routing.set(EXP_ROUTED, "flaggems")  # unavailable here: falls through to native
     with pytest.warns(UserWarning, match="flaggems is unavailable"):
         _, counts = counts_of(lambda: x.exp())
     assert counts == only(native=1)

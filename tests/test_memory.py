@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import torch_fl
+
 MiB = 2**20
 
 # The keys torch.cuda.memory_stats() returns (torch's DeviceStats layout).
@@ -127,6 +129,19 @@ def test_cache_reuses_freed_blocks():
     assert torch.flagos.memory_stats()["num_device_alloc"] == device_allocs
 
 
+def assert_cache_released(device=None):
+    """After empty_cache: nothing cached beyond what live blocks need. Our allocator does not split blocks,
+    so reserved == allocated; torch's CUDA allocator (backing flagos on NVIDIA) keeps the segments that
+    still hold live blocks, and reports the same numbers as torch.cuda."""
+    reserved, allocated = torch.flagos.memory_reserved(device), torch.flagos.memory_allocated(device)
+    if torch_fl._C._backing_type() == "cuda":
+        assert reserved == torch.cuda.memory_reserved(device)
+        assert allocated == torch.cuda.memory_allocated(device)
+        assert reserved - allocated < 20 * MiB
+    else:
+        assert reserved == allocated
+
+
 def test_empty_cache_returns_cached_blocks():
     _settle()
     tensors = [torch.empty(MiB * (i + 1), dtype=torch.uint8, device="flagos") for i in range(4)]
@@ -135,7 +150,7 @@ def test_empty_cache_returns_cached_blocks():
     assert torch.flagos.memory_reserved() > torch.flagos.memory_allocated()
     frees = torch.flagos.memory_stats()["num_device_free"]
     torch.flagos.empty_cache()
-    assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
+    assert_cache_released()
     assert torch.flagos.memory_stats()["num_device_free"] >= frees + 4
     assert keep.numel() == MiB  # live tensors survive empty_cache
 
@@ -180,7 +195,7 @@ def test_allocation_loop_does_not_leak(iterations, device_count):
     assert after == base
     torch.flagos.empty_cache()
     for dev in range(device_count):
-        assert torch.flagos.memory_reserved(dev) == torch.flagos.memory_allocated(dev)
+        assert_cache_released(dev)
 
 
 def test_oom_raises_and_names_device():
@@ -293,6 +308,6 @@ def test_torch_accelerator_memory_matches():
     assert torch.flagos.max_memory_allocated() == torch.flagos.memory_allocated()
     del x
     acc.empty_cache()
-    assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
+    assert_cache_released()
     if hasattr(acc, "get_memory_info"):
         assert tuple(acc.get_memory_info()) == torch.flagos.mem_get_info()

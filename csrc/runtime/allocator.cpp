@@ -337,7 +337,17 @@ size_t CachingDeviceAllocator::rounded_size(size_t nbytes) {
 }
 
 c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
-  if (is_backed()) return relabel_as_flagos(backing_allocator().allocate(nbytes));
+  if (is_backed()) {
+    check_not_forked();
+    try {
+      return relabel_as_flagos(backing_allocator().allocate(nbytes));
+    } catch (c10::OutOfMemoryError& e) {
+      // The backing allocator names its own device ("GPU 0"); say which flagos device that is.
+      e.add_context("while allocating " + std::to_string(nbytes) + " bytes on flagos:" +
+                    std::to_string(current_device()));
+      throw;
+    }
+  }
   return allocator_state().allocate(nbytes);
 }
 

@@ -73,10 +73,14 @@ bool in_bad_fork() noexcept {
   return g_bad_fork.load(std::memory_order_relaxed);
 }
 
-const hal::HalTable& hal() {
+void check_not_forked() {
   TORCH_CHECK(!in_bad_fork(),
               "Cannot re-initialize flagos in forked subprocess. To use flagos with multiprocessing, "
               "you must use the 'spawn' start method (multiprocessing.set_start_method('spawn')).");
+}
+
+const hal::HalTable& hal() {
+  check_not_forked();
   const Selection& s = selection();
   TORCH_CHECK(s.table != nullptr, "flagos accelerator unavailable: ", s.error);
   TORCH_CHECK(s.devices > 0, "flagos accelerator '", s.table->name,

@@ -30,6 +30,10 @@ bool is_initialized() noexcept;
 // True in a child forked after the runtime was initialised.
 bool in_bad_fork() noexcept;
 
+// Throws the bad-fork error in such a child. hal() checks it; paths that bypass the HAL (flagos backed by
+// torch's CUDA) check it themselves.
+void check_not_forked();
+
 // Throws a c10::Error (or torch.OutOfMemoryError for FLAGOS_ERROR_OUT_OF_MEMORY) describing a failed
 // HAL call; `what` names the operation, e.g. "flagos_malloc(device 1, 4096 bytes)".
 [[noreturn]] void throw_hal_error(flagos_status_t status, const std::string& what);
