@@ -400,3 +400,68 @@ print("RESULT " + json.dumps({
     out = result.json()
     assert out["state"] == "unavailable" and out["reason"] == f"FlagGems 5.0.2+fake: {reason}"
     assert out["torch_kernels"] == [] and out["registered_by_flaggems"] == []
+
+
+@pytest.mark.slow
+def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
+    # tests/opinfo/flaggems_sweep.py end to end on the simulated accelerator (reference: CPU) with the
+    # stand-in FlagGems, whose softmax is made wrong and whose max.dim kills the process.
+    out_dir = tmp_path / "sweep"
+    repo = pathlib.Path(__file__).parent.parent
+    result = run_python(
+        "",
+        args=[
+            "-m",
+            "tests.opinfo.flaggems_sweep",
+            "--stand-in",
+            "--out-dir",
+            str(out_dir),
+            "--workers",
+            "1",
+            "--budget-s",
+            "150",
+            "--max-opinfos",
+            "1",
+            "--max-samples",
+            "2",
+            "--dtypes",
+            "float32",
+            "--opinfos",
+            "add,softmax,max.reduction_with_dim,mm",
+        ],
+        # Not on PYTHONPATH: --stand-in imports the stand-in flag_gems itself and hides its triton from torch.
+        env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
+        cwd=str(repo),
+        timeout=240,
+    )
+    assert result.returncode == 0, repr(result)
+    import json
+
+    report = json.loads((out_dir / "flaggems_sweep.json").read_text())
+    status = {r["op"]: r["status"] for r in report["results"]}
+    assert status == {
+        "aten::mm.out": "pass",
+        "aten::_softmax.out": "fail",
+        "aten::add.out": "pass",
+        "aten::index_select": "no-opinfo",
+        "aten::max.dim_max": "crash",
+        "aten::index_select.out": "no-opinfo",
+    }
+    softmax = next(r for r in report["results"] if r["op"] == "aten::_softmax.out")
+    assert "Greatest absolute difference" in softmax["message"]
+    conf = (out_dir / "flaggems_cuda.conf").read_text()
+    routes = [line.split("#")[0].strip() for line in conf.splitlines() if "=" in line.split("#")[0]]
+    assert routes == ["aten::add.out = flaggems", "aten::mm.out = flaggems"]
+    assert "#   aten::_softmax.out: mismatch in float32 (softmax)" in conf
+    assert "#   aten::max.dim_max: exit status 3" in conf
+    # The generated config is one the router accepts (next to the package's cuda.conf it includes).
+    (tmp_path / "cuda.conf").write_text("")
+    (tmp_path / "gen.conf").write_text(conf)
+    import torch_fl.routing as routing
+
+    routing.load_config(str(tmp_path / "gen.conf"))
+    try:
+        assert routing.table()["aten::add.out"]["requested"] == "flaggems"
+    finally:
+        routing.load_config(None)
+    assert "| `aten::add.out` | pass | float32 |" in (out_dir / "flaggems_sweep.md").read_text()

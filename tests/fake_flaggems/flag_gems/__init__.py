@@ -20,6 +20,10 @@ CALLS = []  # names of the functions called, in order
 def _recorded(name, fn):
     def wrapper(*args, **kwargs):
         CALLS.append(name)
+        if os.environ.get("FAKE_FLAGGEMS_CRASH") == name:
+            os._exit(3)  # a kernel that takes the process down
+        if os.environ.get("FAKE_FLAGGEMS_WRONG") == name:
+            return fn(*args, **kwargs) * 1.01  # a kernel with wrong results
         return fn(*args, **kwargs)
 
     wrapper.__name__ = name
