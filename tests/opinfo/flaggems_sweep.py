@@ -15,7 +15,7 @@ every sample of every (OpInfo, dtype) matched.
 
 Both phases run in ``--workers`` processes (Triton compiles on the CPU); a worker that dies marks the op it
 was running as ``crash`` and a new worker continues with the rest. Outputs in ``--out-dir``:
-``flaggems_sweep.json`` (everything), ``flaggems_cuda.conf`` (passing ops routed to flaggems, the others
+``flaggems_sweep.json`` (everything, with the discovered map for ``--map-in``), ``flaggems_cuda.conf`` (passing ops routed to flaggems, the others
 listed in comments with the reason; copy it to ``torch_fl/configs/``) and ``flaggems_sweep.md`` (the table
 for docs/flaggems.md).
 
@@ -486,7 +486,14 @@ def run_phase(phase: str, items: list, common: dict, args, deadline: float, item
         with open(task_path, "w") as f:
             json.dump({"phase": phase, "items": pending[i], "deadline": deadline, **common}, f)
         open(results_path, "w").close()
-        procs[i] = (subprocess.Popen([*base, "--worker", task_path, "--results", results_path]), results_path)
+        # Each worker its own FlagGems cache (autotuning database, generated code): concurrent writers of one
+        # sqlite file can fail with "database is locked". Triton's own cache is safe to share.
+        env = dict(os.environ)
+        env.setdefault("FLAGGEMS_CACHE_DIR", os.path.join(tmp, f"flaggems_cache{i}"))
+        procs[i] = (
+            subprocess.Popen([*base, "--worker", task_path, "--results", results_path], env=env),
+            results_path,
+        )
 
     for i in pending:
         start(i)
@@ -629,7 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grace-s", type=float, default=20.0, help="after the budget, before workers are killed"
     )
-    parser.add_argument("--map-in", help="reuse an op -> OpInfos map (skips discovery)")
+    parser.add_argument(
+        "--map-in",
+        help="reuse the op -> OpInfos map of an earlier run's flaggems_sweep.json (skips discovery)",
+    )
     parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)  # CPU tests of this script
@@ -662,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.map_in:
         with open(args.map_in) as f:
             op_map = json.load(f)
+        op_map = op_map.get("opinfo_map", op_map)
     else:
         db = harness.load_op_db()
         opinfos = [k.strip() for k in args.opinfos.split(",") if k.strip()] or list(db)
@@ -685,8 +696,6 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"flaggems_sweep: discovery ran {discovered} of {len(opinfos)} OpInfos in {time.time() - start:.0f} s"
         )
-    with open(os.path.join(args.out_dir, "flaggems_opinfo_map.json"), "w") as f:
-        json.dump(op_map, f, indent=1, sort_keys=True)
 
     items = [{"op": op, "opinfos": sorted(op_map.get(op, []))} for op in ops]
     deadline = start + args.budget_s
@@ -711,7 +720,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": elapsed,
     }
     with open(os.path.join(args.out_dir, "flaggems_sweep.json"), "w") as f:
-        json.dump({**header, "results": [asdict(r) for r in results.values()]}, f, indent=1)
+        json.dump(
+            {**header, "results": [asdict(r) for r in results.values()], "opinfo_map": op_map}, f, indent=1
+        )
     write_config(os.path.join(args.out_dir, "flaggems_cuda.conf"), results, header)
     write_markdown(os.path.join(args.out_dir, "flaggems_sweep.md"), results, header)
     counts = collections.Counter(r.status for r in results.values())
