@@ -278,9 +278,11 @@ def test_fall_through_is_explained():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert routing.get(MM) == "native"
+    reason = torch_fl._flaggems.status().reason  # e.g. "flag_gems is not installed (...)"
+    assert reason, "FlagGems is unavailable here, so a reason must have been kept"
     assert routing.explain(MM) == (
         "aten::mm.out -> native (api asked for flaggems; flaggems is unavailable: FlagGems is not available "
-        "in this process; fell through to native)"
+        f"in this process: {reason}; fell through to native)"
     )
     routing.set(MM, "python")
     assert "python is unavailable: no Python implementation is registered for it" in routing.explain(MM)
@@ -317,17 +319,43 @@ def test_fall_through_warns_once_per_op_and_backend(run_python):
     assert "routed to python" in out["warnings"][1]
 
 
-def test_flaggems_when_available():
-    routing.set(MM, "flaggems")
-    routing._set_flaggems_available(True)
-    try:
-        assert routing.get(MM) == "flaggems"
-        assert routing.explain(MM) == "aten::mm.out -> flaggems (api)"
-    finally:
-        routing._set_flaggems_available(False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert routing.get(MM) == "native"
+def test_flaggems_when_available(run_python):
+    # In a subprocess: availability is decided once per process. An op routes to flaggems only where the
+    # backend is available and has an implementation of that op.
+    result = run_python(
+        """
+        import json, warnings
+        import torch, torch_fl
+        from torch_fl import _C, routing
+        routing.set("aten::mm.out", "flaggems")
+        routing.set("aten::bmm.out", "flaggems")
+        routing._set_flaggems_available(True)
+        _C._routing_set_flaggems_impl("aten::mm.out", lambda self, mat2, *, out: torch.mm(self, mat2, out=out))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [routing.get("mm.out"), routing.get("bmm.out")]
+        explained = [routing.explain("mm.out"), routing.explain("bmm.out")]
+        routing._set_flaggems_available(False, "switched off")
+        with warnings.catch_warnings(record=True) as caught_off:
+            warnings.simplefilter("always")
+            got += [routing.get("mm.out"), routing.get("bmm.out")]
+        explained.append(routing.explain("mm.out"))
+        print("RESULT " + json.dumps({"got": got, "explained": explained,
+              "warnings": [str(w.message) for w in caught], "off": [str(w.message) for w in caught_off]}))
+        """
+    ).check()
+    out = result.json()
+    assert out["got"] == ["flaggems", "native", "native", "native"]
+    assert out["explained"] == [
+        "aten::mm.out -> flaggems (api)",
+        "aten::bmm.out -> native (api asked for flaggems; flaggems is unavailable: FlagGems has no "
+        "implementation of it; fell through to native)",
+        "aten::mm.out -> native (api asked for flaggems; flaggems is unavailable: FlagGems is not available "
+        "in this process: switched off; fell through to native)",
+    ]
+    # A missing implementation warns per op; FlagGems missing as a whole warns once for all ops.
+    assert len(out["warnings"]) == 1 and "once per operator and backend" in out["warnings"][0]
+    assert len(out["off"]) == 1 and "once for all operators routed to flaggems" in out["off"][0]
 
 
 # ---- python implementations -------------------------------------------------------------------------------

@@ -73,6 +73,34 @@ def from_dlpack(external) -> torch.Tensor:
     return from_cuda(tensor)
 
 
+def is_flaggems_available() -> bool:
+    """Whether FlagGems can serve as the ``flaggems`` backend in this process (flagos on the cuda accelerator,
+    flag_gems installed and importable, ``FLAGOS_DISABLE_FLAGGEMS`` unset). The first call loads FlagGems
+    (imports flag_gems and Triton: seconds); ``torch_fl._flaggems.status().reason`` says why not."""
+    from torch_fl import _flaggems
+
+    return _flaggems.load().available
+
+
+def is_flaggems_enabled() -> bool:
+    """Whether FlagGems runs any op now: it is available and at least one op's effective route (config,
+    ``FLAGOS_OP_*``, API or override; see :func:`torch_fl.routing.table`) is ``flaggems``. Loads FlagGems
+    like :func:`is_flaggems_available`."""
+    if not is_flaggems_available():
+        return False
+    return any(row["backend"] == "flaggems" for row in routing.table().values())
+
+
+def get_registered_ops() -> list[str]:
+    """The ops FlagGems implements for the ``flaggems`` backend, as canonical names (``aten::mm.out``,
+    ``aten::add.Tensor``), sorted: FlagGems' own table plus the ``out`` overloads served by adapting its
+    functional ops (see docs/flaggems.md). Empty when FlagGems is unavailable. Loads FlagGems like
+    :func:`is_flaggems_available`."""
+    from torch_fl import _flaggems
+
+    return list(_flaggems.load().ops)
+
+
 __all__ = [
     "flagos",
     "routing",
@@ -82,5 +110,8 @@ __all__ = [
     "from_cuda",
     "to_dlpack",
     "from_dlpack",
+    "is_flaggems_available",
+    "is_flaggems_enabled",
+    "get_registered_ops",
     "__version__",
 ]

@@ -30,11 +30,13 @@ def report() -> int:
     accelerator = torch_fl.accelerator()
     if accelerator is None:
         _line("accelerator", f"unavailable: {torch_fl._C._accelerator_error()}")
+        _flaggems_lines()
         return 1
     _line("accelerator", accelerator)
     _line("HAL library", torch_fl._C._hal_library())
     _line("devices", flagos.device_count())
     if flagos.device_count() == 0:
+        _flaggems_lines()
         return 1
     for index in range(flagos.device_count()):
         props = flagos.get_device_properties(index)
@@ -47,7 +49,25 @@ def report() -> int:
     _line(
         "autocast dtypes", ", ".join(str(d).replace("torch.", "") for d in flagos.get_amp_supported_dtype())
     )
+    _flaggems_lines()
     return 0
+
+
+def _flaggems_lines() -> None:
+    from torch_fl import _flaggems
+
+    if os.environ.get(_flaggems.DISABLE_ENV):
+        _line(_flaggems.DISABLE_ENV, os.environ[_flaggems.DISABLE_ENV])
+    status = _flaggems.load()
+    if status.available:
+        _line(
+            "FlagGems",
+            f"available: flag-gems {status.version}, {len(status.ops)} ops "
+            f"({len(status.adapted)} out overloads by adapter), loaded in {status.seconds:.1f} s",
+        )
+    else:
+        installed = f"flag-gems {status.version} installed; " if status.version else ""
+        _line("FlagGems", f"unavailable: {installed}{status.reason}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ __all__ = [
     "unregister_python_impl",
     "counts",
     "reset_counts",
+    "package_config",
 ]
 
 _BACKENDS = ("native", "cpu", "flaggems", "python")
@@ -171,9 +172,20 @@ def reset_counts() -> None:
     _C._routing_reset_counts()
 
 
-def _set_flaggems_available(available: bool) -> None:
-    """For the FlagGems integration (and tests): whether the flaggems backend is usable."""
-    _C._routing_set_flaggems_available(bool(available))
+def package_config(name: str) -> str:
+    """The path of one of the package's configs, e.g. ``package_config("flaggems_cuda")`` for
+    ``torch_fl/configs/flaggems_cuda.conf`` (for ``load_config`` or ``FLAGOS_BACKEND_CONFIG``)."""
+    path = os.path.join(_CONFIG_DIR, name if name.endswith(".conf") else f"{name}.conf")
+    if not os.path.isfile(path):
+        known = sorted(f.removesuffix(".conf") for f in os.listdir(_CONFIG_DIR) if f.endswith(".conf"))
+        raise RoutingError(f"no package config {name!r} (known: {', '.join(known)})")
+    return path
+
+
+def _set_flaggems_available(available: bool, reason: str = "set by a test") -> None:
+    """For tests: decides whether the flaggems backend is usable, without loading FlagGems (an op is
+    routable to flaggems only where it also has a FlagGems implementation, see torch_fl._flaggems)."""
+    _C._routing_set_flaggems_available(bool(available), reason)
 
 
 def _init() -> None:

@@ -50,7 +50,15 @@ CacheSlot g_cache[kCacheSlots];
 // Bumped by every change that can alter a route. Its own cache line: read on every call, written rarely.
 alignas(64) std::atomic<uint64_t> g_version{1};
 
-std::atomic<bool> g_flaggems_available{false};
+// FlagGemsState; kUnknown until the loader (or a test) decides. Read under the mutex by resolutions.
+std::atomic<uint8_t> g_flaggems_state{static_cast<uint8_t>(FlagGemsState::kUnknown)};
+std::atomic<FlagGemsLoader> g_flaggems_loader{nullptr};
+// Set while this thread runs the loader: a resolution it triggers must not call the loader again.
+thread_local bool t_in_flaggems_loader = false;
+
+FlagGemsState current_flaggems_state() {
+  return static_cast<FlagGemsState>(g_flaggems_state.load(std::memory_order_acquire));
+}
 
 bool read_log_dispatch() {
   const char* value = std::getenv("FLAGOS_LOG_DISPATCH");
@@ -102,7 +110,9 @@ struct State {
   uint64_t next_token = 1;
   // Python implementations. Owned references, never released (see python_impl in router.h).
   std::unordered_map<c10::OperatorName, PyObject*> python_impls;
+  std::unordered_map<c10::OperatorName, PyObject*> flaggems_impls;  // FlagGems' functions, same ownership
   std::vector<PyObject*> retired_impls;
+  std::string flaggems_reason;  // why the flaggems backend is unavailable
   // (op, backend) pairs already warned about.
   std::unordered_set<std::string> warned;
   // The native device, known once the accelerator has been chosen.
@@ -192,6 +202,9 @@ struct Decision {
   std::vector<std::string> fell_through;  // "flaggems is unavailable: FlagGems is not available"
   std::vector<std::string> warnings;      // new (op, backend) fall-throughs to warn about
   bool native_has_kernel = false;
+  // The winning rule asks for flaggems and FlagGems has not been loaded yet: the caller runs the loader
+  // (outside the lock) and resolves again; the rest of the decision is not filled in.
+  bool flaggems_load_needed = false;
 };
 
 // Explicit rules naming `name`, highest precedence first.
@@ -215,8 +228,18 @@ bool available_locked(const State& s, Backend backend, const c10::OperatorHandle
       *why = std::string("the ") + s.native_device + " device has no kernel for it";
       return false;
     case Backend::kFlagGems:
-      if (g_flaggems_available.load(std::memory_order_acquire)) return true;
-      *why = "FlagGems is not available in this process";
+      switch (current_flaggems_state()) {
+        case FlagGemsState::kAvailable:
+          if (s.flaggems_impls.count(op.operator_name()) != 0) return true;
+          *why = "FlagGems has no implementation of it";
+          return false;
+        case FlagGemsState::kUnavailable:
+          *why = "FlagGems is not available in this process: " + s.flaggems_reason;
+          return false;
+        case FlagGemsState::kUnknown:
+          *why = "FlagGems is not available in this process: it has not been loaded";
+          return false;
+      }
       return false;
     case Backend::kPython:
       if (s.python_impls.count(op.operator_name()) != 0) return true;
@@ -246,14 +269,26 @@ Decision decide_locked(State& s, const c10::OperatorHandle& op, bool warn) {
   d.shadowed.assign(rules.begin() + 1, rules.end());
   d.requested = d.rule->backend;
   Backend backend = d.requested;
+  if (backend == Backend::kFlagGems && current_flaggems_state() == FlagGemsState::kUnknown &&
+      g_flaggems_loader.load(std::memory_order_acquire) != nullptr && !t_in_flaggems_loader) {
+    d.flaggems_load_needed = true;
+    return d;
+  }
   while (!available_locked(s, backend, op, &why)) {
     d.fell_through.push_back(std::string(backend_name(backend)) + " is unavailable: " + why);
     const Backend next = next_in_chain(backend);
-    if (warn && s.warned.insert(op_display_name(name) + "|" + backend_name(backend)).second) {
-      d.warnings.push_back(
-          "torch_fl routing: " + op_display_name(name) + " is routed to " + backend_name(backend) + " by " +
-          d.rule->source + ", but " + backend_name(backend) + " is unavailable (" + why + "); using " +
-          backend_name(next) + " instead. This warning is shown once per operator and backend.");
+    // FlagGems missing as a whole is one problem, however many ops a config routes to it: one warning.
+    const bool whole_backend =
+        backend == Backend::kFlagGems && current_flaggems_state() != FlagGemsState::kAvailable;
+    const std::string key =
+        (whole_backend ? std::string("*") : op_display_name(name)) + "|" + backend_name(backend);
+    if (warn && s.warned.insert(key).second) {
+      d.warnings.push_back("torch_fl routing: " + op_display_name(name) + " is routed to " +
+                           backend_name(backend) + " by " + d.rule->source + ", but " +
+                           backend_name(backend) + " is unavailable (" + why + "); using " +
+                           backend_name(next) + " instead. " +
+                           (whole_backend ? "This warning is shown once for all operators routed to flaggems."
+                                          : "This warning is shown once per operator and backend."));
     }
     backend = next;
   }
@@ -304,31 +339,59 @@ void log_decision(const c10::OperatorHandle& op) {
   log_decision_text(text);
 }
 
+// Runs the FlagGems loader, never under the router's mutex (it takes the GIL, and the lock order is the
+// GIL before the mutex). Afterwards the flaggems backend is decided, whatever the loader did.
+void run_flaggems_loader() {
+  const FlagGemsLoader loader = g_flaggems_loader.load(std::memory_order_acquire);
+  std::string failure;
+  if (loader != nullptr) {
+    t_in_flaggems_loader = true;
+    try {
+      loader();
+    } catch (const std::exception& e) {
+      failure = std::string("loading it failed: ") + e.what();
+    } catch (...) {
+      failure = "loading it failed";
+    }
+    t_in_flaggems_loader = false;
+  }
+  if (current_flaggems_state() == FlagGemsState::kUnknown) {
+    set_flaggems_available(false, failure.empty() ? "its loader did not decide" : failure);
+  }
+}
+
 // Cache miss or stale entry: resolve under the mutex and publish the result with the version it was
 // computed against, so a concurrent change (which bumps the version under the same mutex) invalidates it.
 C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
   State& s = state();
   const void* key = &op.operator_name();
   Decision d;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    ensure_initialized_locked(s);
-    const uint64_t version = g_version.load(std::memory_order_acquire);
-    d = decide_locked(s, op, /*warn=*/true);
-    size_t i = slot_index(key);
-    for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
-      const void* k = g_cache[i].key.load(std::memory_order_acquire);
-      if (k == nullptr) {
-        g_cache[i].key.store(key, std::memory_order_release);
-        k = key;
-      }
-      if (k == key) {
-        const uint64_t flags = static_cast<uint64_t>(d.backend) | (d.rule.has_value() ? 0 : kByDefaultBit);
-        g_cache[i].value.store(version << 8 | flags, std::memory_order_release);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      ensure_initialized_locked(s);
+      const uint64_t version = g_version.load(std::memory_order_acquire);
+      d = decide_locked(s, op, /*warn=*/true);
+      if (!d.flaggems_load_needed) {
+        size_t i = slot_index(key);
+        for (size_t probe = 0; probe < kMaxProbes; ++probe, i = (i + 1) & (kCacheSlots - 1)) {
+          const void* k = g_cache[i].key.load(std::memory_order_acquire);
+          if (k == nullptr) {
+            g_cache[i].key.store(key, std::memory_order_release);
+            k = key;
+          }
+          if (k == key) {
+            const uint64_t flags =
+                static_cast<uint64_t>(d.backend) | (d.rule.has_value() ? 0 : kByDefaultBit);
+            g_cache[i].value.store(version << 8 | flags, std::memory_order_release);
+            break;
+          }
+        }
+        if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
         break;
       }
     }
-    if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
+    run_flaggems_loader();  // decides the backend; the next pass cannot need it again
   }
   emit_warnings(d.warnings);
   return Route{d.backend, !d.rule.has_value()};
@@ -371,15 +434,76 @@ const char* backend_name(Backend b) {
   return "?";
 }
 
-void set_flaggems_available(bool available) {
+void set_flaggems_loader(FlagGemsLoader loader) {
+  g_flaggems_loader.store(loader, std::memory_order_release);
+}
+
+void set_flaggems_available(bool available, const std::string& reason) {
   // Under the mutex so that a resolution in progress cannot publish a decision made with the old value.
-  std::lock_guard<std::mutex> lock(state().mu);
-  g_flaggems_available.store(available, std::memory_order_release);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.flaggems_reason = available ? "" : (reason.empty() ? std::string("no reason given") : reason);
+  g_flaggems_state.store(
+      static_cast<uint8_t>(available ? FlagGemsState::kAvailable : FlagGemsState::kUnavailable),
+      std::memory_order_release);
   bump_version();
 }
 
-bool flaggems_available() {
-  return g_flaggems_available.load(std::memory_order_acquire);
+FlagGemsState flaggems_state() {
+  return current_flaggems_state();
+}
+
+std::string flaggems_unavailable_reason() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.flaggems_reason;
+}
+
+std::string set_flaggems_impl(const std::string& op, PyObject* impl) {
+  const c10::OperatorName name = name_of(op);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.flaggems_impls.find(name);
+  if (it != s.flaggems_impls.end()) {
+    s.retired_impls.push_back(it->second);
+    s.flaggems_impls.erase(it);
+  }
+  if (impl != nullptr) s.flaggems_impls.emplace(name, impl);
+  bump_version();
+  return op_display_name(name);
+}
+
+PyObject* flaggems_impl(const c10::OperatorName& name) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.flaggems_impls.find(name);
+  return it == s.flaggems_impls.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> flaggems_ops() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<std::string> names;
+  names.reserve(s.flaggems_impls.size());
+  for (const auto& entry : s.flaggems_impls) names.push_back(op_display_name(entry.first));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+PyObject* routed_impl(const c10::OperatorHandle& op) {
+  // The fallback sends both backends to the python route without saying which; the router's choice is a
+  // cache hit. Should a concurrent change have moved the op off both backends since the fallback asked,
+  // the call is already committed to this route: prefer the Python implementation, then FlagGems'.
+  const Backend backend = route_for(op);
+  const c10::OperatorName& name = op.operator_name();
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto& first = backend == Backend::kFlagGems ? s.flaggems_impls : s.python_impls;
+  const auto& second = backend == Backend::kFlagGems ? s.python_impls : s.flaggems_impls;
+  auto it = first.find(name);
+  if (it != first.end()) return it->second;
+  it = second.find(name);
+  return it == second.end() ? nullptr : it->second;
 }
 
 bool has_python_impl(const c10::OperatorName& name) {
@@ -553,9 +677,16 @@ Backend effective_backend(const std::string& op) {
 std::string explain(const std::string& op) {
   const c10::OperatorHandle handle = find_operator(op);
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
+  std::unique_lock<std::mutex> lock(s.mu);
   ensure_initialized_locked(s);
-  const Decision d = decide_locked(s, handle, /*warn=*/false);
+  Decision d = decide_locked(s, handle, /*warn=*/false);
+  if (d.flaggems_load_needed) {
+    lock.unlock();
+    run_flaggems_loader();
+    lock.lock();
+    ensure_initialized_locked(s);
+    d = decide_locked(s, handle, /*warn=*/false);
+  }
   std::string text = decision_text(s, handle.operator_name(), d);
   if (!d.shadowed.empty()) {
     text += "; shadowed: ";
@@ -570,8 +701,25 @@ std::string explain(const std::string& op) {
 
 std::vector<TableRow> routing_table() {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
+  std::unique_lock<std::mutex> lock(s.mu);
   ensure_initialized_locked(s);
+  // A rule asking for flaggems needs FlagGems loaded to say what it resolves to.
+  if (current_flaggems_state() == FlagGemsState::kUnknown) {
+    bool needed = false;
+    auto asks = [&](const RuleMap& layer) {
+      for (const auto& entry : layer) needed = needed || entry.second.backend == Backend::kFlagGems;
+    };
+    for (const OverrideContext& c : s.overrides) asks(c.rules);
+    asks(s.api);
+    asks(s.env);
+    asks(s.config);
+    if (needed && g_flaggems_loader.load(std::memory_order_acquire) != nullptr && !t_in_flaggems_loader) {
+      lock.unlock();
+      run_flaggems_loader();
+      lock.lock();
+      ensure_initialized_locked(s);
+    }
+  }
   std::vector<c10::OperatorName> names;
   auto collect = [&](const RuleMap& layer) {
     for (const auto& entry : layer) {

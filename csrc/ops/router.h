@@ -42,16 +42,39 @@ inline Backend route_for(const c10::OperatorHandle& op) {
   return route(op).backend;
 }
 
-// Availability hooks set by the routes: whether the flaggems backend is usable at all (false until the
-// FlagGems issue) and whether a Python implementation is registered for an op.
-void set_flaggems_available(bool available);
-bool flaggems_available();
+// Whether a Python implementation is registered for an op.
 bool has_python_impl(const c10::OperatorName& name);
 
 // For the python route: the registered callable (borrowed, nullptr if none). The registry keeps every
 // callable it was ever given alive for the life of the process (replaced ones included), so the pointer
 // stays valid without holding the GIL; take a reference under the GIL before calling it.
 PyObject* python_impl(const c10::OperatorName& name);
+
+// ---- The flaggems backend --------------------------------------------------------------------------------
+// FlagGems is loaded on first need, not at import: the first resolution of an op whose winning rule asks
+// for flaggems (route_for, explain, table) calls the loader, outside the router's lock, and then resolves
+// again. The loader (installed by the Python bindings: torch_fl/_flaggems.py) registers FlagGems'
+// functions with set_flaggems_impl and then decides availability with set_flaggems_available; if it
+// returns without deciding, the backend is unavailable. Without a loader an undecided backend counts as
+// unavailable. flaggems is available for an op when the backend is available and has an implementation
+// of that op; otherwise routes to it fall through (flaggems -> native -> cpu).
+enum class FlagGemsState : uint8_t { kUnknown = 0, kAvailable = 1, kUnavailable = 2 };
+using FlagGemsLoader = void (*)();
+void set_flaggems_loader(FlagGemsLoader loader);
+// Decides the backend's availability; `reason` says why it is unavailable (kept for explain and the
+// environment report). Bumps the version.
+void set_flaggems_available(bool available, const std::string& reason);
+FlagGemsState flaggems_state();
+std::string flaggems_unavailable_reason();
+// Registers (or, with nullptr, removes) FlagGems' implementation of an op, owned forever like a Python
+// implementation (see python_impl). Returns the op's canonical name.
+std::string set_flaggems_impl(const std::string& op, PyObject* impl);
+PyObject* flaggems_impl(const c10::OperatorName& name);
+std::vector<std::string> flaggems_ops();  // canonical names with an implementation, sorted
+
+// For the python route, which serves both the flaggems and the python backends: the implementation for
+// the backend the router chooses for `op` now (borrowed, nullptr if none; see python_impl).
+PyObject* routed_impl(const c10::OperatorHandle& op);
 
 bool dispatch_logging_enabled();  // FLAGOS_LOG_DISPATCH=1, read once at load
 

@@ -8,7 +8,8 @@ namespace flagos::python {
 // csrc/python/routing.cpp: torch_fl.routing's native half.
 void bind_routing(pybind11::module_& m);
 
-// csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations.
+// csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
+// flaggems backends) and load FlagGems on first need.
 void install_python_impl_caller();
 
 }  // namespace flagos::python

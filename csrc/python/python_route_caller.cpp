@@ -1,5 +1,7 @@
-// The Python half of the python route: converts the aliased arguments to Python objects, calls the
-// registered callable under the GIL, and converts its results back following the op's schema.
+// The Python half of the python route (which serves the flaggems and python backends): converts the
+// aliased arguments to Python objects, calls the implementation of the backend the router chose under the
+// GIL, and converts its results back following the op's schema. Also the FlagGems loader the router calls
+// on first need.
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "ops/python_route.h"
@@ -13,8 +15,9 @@ namespace {
 
 void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  PyObject* fn = ops::python_impl(schema.operator_name());
-  TORCH_CHECK(fn != nullptr, "no Python implementation is registered for ", schema.operator_name());
+  PyObject* fn = ops::routed_impl(op);
+  TORCH_CHECK(fn != nullptr, "no Python or FlagGems implementation is registered for ",
+              schema.operator_name());
   const auto& arguments = schema.arguments();
   std::vector<c10::IValue> values = torch::jit::pop(*stack, arguments.size());
   py::gil_scoped_acquire gil;
@@ -42,10 +45,27 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// torch_fl._flaggems._load_from_router() imports FlagGems (if it can), registers its functions with the
+// router and decides availability; it catches its own errors, so an exception here is unexpected and
+// becomes the reason the backend is unavailable.
+void load_flaggems() {
+  if (!Py_IsInitialized()) {
+    ops::set_flaggems_available(false, "Python is not running");
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("torch_fl._flaggems").attr("_load_from_router")();
+  } catch (py::error_already_set& e) {
+    ops::set_flaggems_available(false, std::string("loading it raised ") + e.what());
+  }
+}
+
 }  // namespace
 
 void install_python_impl_caller() {
   ops::set_python_impl_caller(&call_python_impl);
+  ops::set_flaggems_loader(&load_flaggems);
 }
 
 }  // namespace flagos::python

@@ -130,8 +130,37 @@ void bind_routing(py::module_& m) {
     return d;
   });
   m.def("_routing_reset_counts", &ops::reset_backend_call_counts);
-  m.def("_routing_set_flaggems_available", &ops::set_flaggems_available);
-  m.def("_routing_flaggems_available", &ops::flaggems_available);
+  // The flaggems backend (torch_fl/_flaggems.py): availability, and FlagGems' functions, owned forever
+  // like Python implementations.
+  m.def("_routing_set_flaggems_available", [](bool available, const std::string& reason) {
+    HANDLE_TH_ERRORS
+    ops::set_flaggems_available(available, reason);
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_flaggems_state", []() {
+    const ops::FlagGemsState state = ops::flaggems_state();
+    const char* name = state == ops::FlagGemsState::kAvailable     ? "available"
+                       : state == ops::FlagGemsState::kUnavailable ? "unavailable"
+                                                                   : "unknown";
+    return std::make_pair(std::string(name), ops::flaggems_unavailable_reason());
+  });
+  m.def("_routing_set_flaggems_impl", [](const std::string& op, py::object fn) {
+    HANDLE_TH_ERRORS
+    PyObject* impl = nullptr;
+    if (!fn.is_none()) {
+      TORCH_CHECK_TYPE(PyCallable_Check(fn.ptr()), "the FlagGems implementation of ", op,
+                       " must be callable, got ", py::str(py::type::of(fn)).cast<std::string>());
+      impl = fn.inc_ref().ptr();
+    }
+    try {
+      return ops::set_flaggems_impl(op, impl);
+    } catch (...) {
+      if (impl != nullptr) Py_DECREF(impl);
+      throw;
+    }
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_routing_flaggems_ops", &ops::flaggems_ops);
   m.def("_routing_log_dispatch", &ops::dispatch_logging_enabled);
   m.def("_routing_route_for_cost_ns", [](const std::string& op, int64_t iterations) {
     HANDLE_TH_ERRORS

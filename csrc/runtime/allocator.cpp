@@ -343,8 +343,8 @@ c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
       return relabel_as_flagos(backing_allocator().allocate(nbytes));
     } catch (c10::OutOfMemoryError& e) {
       // The backing allocator names its own device ("GPU 0"); say which flagos device that is.
-      e.add_context("while allocating " + std::to_string(nbytes) + " bytes on flagos:" +
-                    std::to_string(current_device()));
+      e.add_context("while allocating " + std::to_string(nbytes) +
+                    " bytes on flagos:" + std::to_string(current_device()));
       throw;
     }
   }

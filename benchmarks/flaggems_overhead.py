@@ -1,0 +1,210 @@
+"""Host overhead of the flaggems route against FlagGems called directly on CUDA tensors, in one process.
+
+For about 20 transformer ops on tiny tensors (so that host time dominates), each op is launched N times
+(then one synchronize; median of R repeats) in three ways:
+
+- ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
+- ``route``: the torch call on flagos tensors with the overload it reaches routed to ``flaggems`` (router,
+  aliasing to CUDA, the python route's argument conversion, for out overloads the adapter's copy);
+- ``native``: the torch call on CUDA tensors (torch's CUDA kernels), for scale.
+
+Printed per op: microseconds per launch, ``route / direct`` and ``route - direct``; then the median ratio.
+Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
+
+    python benchmarks/flaggems_overhead.py [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+import torch_fl
+from torch_fl import _flaggems, routing
+
+
+def unavailable_reason() -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here (torch.cuda.is_available() is False): this benchmark needs an NVIDIA GPU"
+    if torch_fl.accelerator() != "cuda":
+        return f"flagos runs on {torch_fl.accelerator()!r}, not on the cuda accelerator"
+    status = _flaggems.load()
+    if not status.available:
+        return f"FlagGems is unavailable: {status.reason}"
+    return ""
+
+
+def tensors(device: str) -> SimpleNamespace:
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+
+    return SimpleNamespace(
+        a=t(16),
+        b=t(16),
+        pos=t(16).abs() + 0.5,
+        m1=t(8, 8),
+        m2=t(8, 8),
+        bias=t(8),
+        b1=t(2, 8, 8),
+        b2=t(2, 8, 8),
+        x=t(4, 16),
+        idx=torch.tensor([0, 2, 4, 6], device=device),
+        table=t(32, 16),
+        ids=torch.tensor([[1, 5, 7]], device=device),
+        mask=(t(16) > 0),
+    )
+
+
+# name -> (overloads the torch call reaches on flagos, the torch call, FlagGems' op, its direct call)
+CASES = {
+    "add": (["aten::add.out"], lambda T: torch.add(T.a, T.b), "aten::add.Tensor", lambda f, T: f(T.a, T.b)),
+    "mul": (["aten::mul.out"], lambda T: torch.mul(T.a, T.b), "aten::mul.Tensor", lambda f, T: f(T.a, T.b)),
+    "sub": (["aten::sub.out"], lambda T: torch.sub(T.a, T.b), "aten::sub.Tensor", lambda f, T: f(T.a, T.b)),
+    "div": (["aten::div.out"], lambda T: torch.div(T.a, T.b), "aten::div.Tensor", lambda f, T: f(T.a, T.b)),
+    "neg": (["aten::neg.out"], lambda T: torch.neg(T.a), "aten::neg", lambda f, T: f(T.a)),
+    "exp": (["aten::exp.out"], lambda T: torch.exp(T.a), "aten::exp", lambda f, T: f(T.a)),
+    "rsqrt": (["aten::rsqrt.out"], lambda T: torch.rsqrt(T.pos), "aten::rsqrt", lambda f, T: f(T.pos)),
+    "pow": (
+        ["aten::pow.Tensor_Scalar_out"],
+        lambda T: torch.pow(T.a, 2),
+        "aten::pow.Tensor_Scalar",
+        lambda f, T: f(T.a, 2),
+    ),
+    "silu": (["aten::silu.out"], lambda T: F.silu(T.a), "aten::silu", lambda f, T: f(T.a)),
+    "softmax": (
+        ["aten::_softmax.out"],
+        lambda T: torch.softmax(T.x, -1),
+        "aten::_softmax",
+        lambda f, T: f(T.x, -1, False),
+    ),
+    "mm": (["aten::mm.out"], lambda T: torch.mm(T.m1, T.m2), "aten::mm", lambda f, T: f(T.m1, T.m2)),
+    "bmm": (["aten::bmm.out"], lambda T: torch.bmm(T.b1, T.b2), "aten::bmm", lambda f, T: f(T.b1, T.b2)),
+    "addmm": (
+        ["aten::addmm.out"],
+        lambda T: torch.addmm(T.bias, T.m1, T.m2),
+        "aten::addmm",
+        lambda f, T: f(T.bias, T.m1, T.m2),
+    ),
+    "sum": (
+        ["aten::sum.IntList_out"],
+        lambda T: T.x.sum(-1),
+        "aten::sum.dim_IntList",
+        lambda f, T: f(T.x, [-1]),
+    ),
+    "mean": (["aten::mean.out"], lambda T: T.x.mean(-1), "aten::mean.dim", lambda f, T: f(T.x, [-1])),
+    "amax": (["aten::amax.out"], lambda T: T.x.amax(-1), "aten::amax", lambda f, T: f(T.x, [-1])),
+    "argmax": (["aten::argmax.out"], lambda T: T.x.argmax(-1), "aten::argmax", lambda f, T: f(T.x, -1)),
+    "cat": (["aten::cat.out"], lambda T: torch.cat([T.a, T.b]), "aten::cat", lambda f, T: f([T.a, T.b])),
+    "index_select": (
+        ["aten::index_select"],
+        lambda T: torch.index_select(T.a, 0, T.idx),
+        "aten::index_select",
+        lambda f, T: f(T.a, 0, T.idx),
+    ),
+    "embedding": (
+        ["aten::index_select"],
+        lambda T: F.embedding(T.ids, T.table),
+        "aten::embedding",
+        lambda f, T: f(T.table, T.ids),
+    ),
+    "where": (
+        ["aten::where.self_out"],
+        lambda T: torch.where(T.mask, T.a, T.b),
+        "aten::where.self",
+        lambda f, T: f(T.mask, T.a, T.b),
+    ),
+}
+
+
+def time_per_launch(fn, sync, n: int, repeats: int) -> float:
+    """Median over `repeats` of (n launches + one synchronize) / n, in microseconds."""
+    for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=300, help="launches per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ops", default="", help="comma-separated subset of: " + ", ".join(CASES))
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    reason = unavailable_reason()
+    if reason:
+        print(f"flaggems_overhead: cannot run here: {reason}", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown op(s): {', '.join(unknown)}")
+    cuda, flagos = tensors("cuda"), tensors("flagos")
+    torch.cuda.synchronize()
+    torch.flagos.synchronize()
+    print(
+        f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, {torch.cuda.get_device_name(0)}, N={args.n}, repeats={args.repeats}"
+    )
+    print(f"{'op':13} {'native us':>9} {'direct us':>9} {'route us':>9} {'route/direct':>12} {'diff us':>8}")
+    rows, ratios = [], []
+    routable = set(_flaggems.routable_ops())
+    with torch.no_grad():
+        for name in names:
+            ops, call, gems_op, direct_call = CASES[name]
+            direct_fn = _flaggems.implementation(gems_op)
+            missing = [op for op in ops if op not in routable]
+            if direct_fn is None or missing:
+                print(f"{name:13} skipped: FlagGems lacks {gems_op if direct_fn is None else missing}")
+                continue
+            try:
+                native = time_per_launch(lambda c=call: c(cuda), torch.cuda.synchronize, args.n, args.repeats)
+                direct = time_per_launch(
+                    lambda f=direct_fn, d=direct_call: d(f, cuda),
+                    torch.cuda.synchronize,
+                    args.n,
+                    args.repeats,
+                )
+                with routing.override({op: "flaggems" for op in ops}):
+                    route = time_per_launch(
+                        lambda c=call: c(flagos), torch.flagos.synchronize, args.n, args.repeats
+                    )
+            except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
+                print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
+                continue
+            ratios.append(route / direct)
+            rows.append({"op": name, "native_us": native, "direct_us": direct, "route_us": route})
+            print(
+                f"{name:13} {native:9.1f} {direct:9.1f} {route:9.1f} {route / direct:12.2f} {route - direct:8.1f}"
+            )
+    if ratios:
+        diffs = [r["route_us"] - r["direct_us"] for r in rows]
+        print(
+            f"median route/direct {statistics.median(ratios):.2f}, median difference "
+            f"{statistics.median(diffs):.1f} us over {len(ratios)} ops"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": args.n, "repeats": args.repeats, "rows": rows}, f, indent=1)
+    return 0 if ratios else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,734 @@
+"""FlagGems correctness sweep on a GPU: which ops may be routed to ``flaggems`` (writes the config).
+
+For every op that FlagGems implements and whose calls on flagos tensors reach the router
+(``torch_fl._flaggems.routable_ops()``), the OpInfo samples that exercise it run twice: natively on CUDA
+(the reference) and on flagos with only that op routed to ``flaggems``; the results are compared with
+dtype-fit tolerances (:data:`TOLERANCES`). An op passes when FlagGems was actually called by its samples and
+every sample of every (OpInfo, dtype) matched.
+
+1. Discovery: which OpInfos reach which of those ops. Each op is given a recording implementation on the
+   ``python`` backend (it calls the native CUDA kernel, so no Triton compiles), the first sample of every
+   OpInfo runs on flagos, and the recorders say which ops it reached.
+2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
+   on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
+   ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
+
+Both phases run in ``--workers`` processes (Triton compiles on the CPU); a worker that dies marks the op it
+was running as ``crash`` and a new worker continues with the rest. Outputs in ``--out-dir``:
+``flaggems_sweep.json`` (everything, with the discovered map for ``--map-in``), ``flaggems_cuda.conf`` (passing ops routed to flaggems, the others
+listed in comments with the reason; copy it to ``torch_fl/configs/``) and ``flaggems_sweep.md`` (the table
+for docs/flaggems.md).
+
+    python -m tests.opinfo.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
+    python -m tests.opinfo.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
+
+Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import torch_fl
+
+_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS_DIR not in sys.path:  # `python -m tests.opinfo.flaggems_sweep` or as a script: find `opinfo`
+    sys.path.insert(0, _TESTS_DIR)
+
+from opinfo import harness  # noqa: E402
+
+DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
+
+# Dtype-fit tolerances (rtol, atol) for FlagGems against native CUDA. Different kernels accumulate in a
+# different order, so results agree to a few units in the last place of the dtype, not bitwise.
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float64: (1e-7, 1e-7),
+}
+# Triton's tl.dot takes float32 inputs at TF32 precision by default (10-bit mantissa), while torch's CUDA
+# matmuls run full float32 (torch.backends.cuda.matmul.allow_tf32 is False): float32 matmul-family ops are
+# compared at TF32 tolerance.
+TF32_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::mm.out",
+        "aten::bmm",
+        "aten::bmm.out",
+        "aten::addmm",
+        "aten::addmm.out",
+        "aten::baddbmm",
+        "aten::baddbmm.out",
+        "aten::addmv",
+        "aten::addmv.out",
+        "aten::mv",
+        "aten::mv.out",
+        "aten::dot",
+        "aten::vdot",
+        "aten::_flash_attention_forward",
+        "aten::_grouped_mm",
+    }
+)
+TF32_TOLERANCE = (1e-2, 1e-2)
+
+
+def tolerance(dtype: torch.dtype, op: str = "") -> tuple[float, float]:
+    """(rtol, atol) for comparing `op`'s FlagGems result in `dtype` with native CUDA's."""
+    if dtype == torch.float32 and op in TF32_OPS:
+        return TF32_TOLERANCE
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+# Swept first: the ops a transformer (Qwen3) spends its time in, then everything else alphabetically.
+PRIORITY = (
+    "aten::mm.out",
+    "aten::bmm.out",
+    "aten::addmm.out",
+    "aten::_softmax.out",
+    "aten::silu.out",
+    "aten::mul.out",
+    "aten::add.out",
+    "aten::sub.out",
+    "aten::div.out",
+    "aten::pow.Tensor_Scalar_out",
+    "aten::rsqrt.out",
+    "aten::mean.out",
+    "aten::sum.IntList_out",
+    "aten::index_select",
+    "aten::cat.out",
+    "aten::neg.out",
+    "aten::exp.out",
+    "aten::where.self_out",
+    "aten::masked_fill_.Scalar",
+    "aten::fill_.Scalar",
+    "aten::zero_",
+    "aten::amax.out",
+    "aten::max.dim_max",
+    "aten::argmax.out",
+    "aten::_log_softmax.out",
+    "aten::gelu.out",
+    "aten::tanh.out",
+    "aten::sigmoid.out",
+    "aten::cos.out",
+    "aten::sin.out",
+    "aten::cumsum.out",
+    "aten::topk.values",
+    "aten::_flash_attention_forward",
+)
+
+STATUSES = ("pass", "fail", "crash", "not-exercised", "no-opinfo", "not-run")
+
+
+def priority_order(ops: list[str]) -> list[str]:
+    rank = {op: i for i, op in enumerate(PRIORITY)}
+    return sorted(ops, key=lambda op: (rank.get(op, len(rank)), op))
+
+
+# ---- comparing one sample ----------------------------------------------------------------------------
+
+
+def compare_sample(opinfo, sample, op: str, dtype: torch.dtype) -> tuple[str, str]:
+    """Runs `sample` natively on CUDA and on flagos (the caller routes `op` to flaggems); ('pass'|'mismatch'|
+    'error', message)."""
+    dut = harness.move_sample(sample, "flagos")  # before the reference: in-place variants mutate the input
+    ref_exc = None
+    try:
+        expected = harness._run(opinfo, sample)
+    except Exception as exc:  # noqa: BLE001
+        ref_exc = exc
+    try:
+        actual = harness._run(opinfo, dut)
+    except harness.SampleTimeout:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        if ref_exc is None:
+            return "error", harness.short_message(exc)
+        if isinstance(exc, type(ref_exc)):
+            return "pass", ""
+        return "mismatch", f"cuda raised {type(ref_exc).__name__}, flagos raised {harness.short_message(exc)}"
+    if ref_exc is not None:
+        return "mismatch", f"cuda raised {harness.short_message(ref_exc)}, flagos did not raise"
+    for ref_t, act_t in zip(harness._tensors(expected), harness._tensors(actual), strict=False):
+        if ref_t.device.type == REFERENCE[0] and act_t.device.type != "flagos":
+            return "mismatch", f"output on {act_t.device.type}, expected on flagos"
+    rtol, atol = tolerance(dtype, op)
+    try:
+        torch.testing.assert_close(
+            harness.to_cpu(actual), harness.to_cpu(expected), rtol=rtol, atol=atol, equal_nan=True
+        )
+        if opinfo.name.endswith("_") and isinstance(sample.input, torch.Tensor):
+            torch.testing.assert_close(
+                harness.to_cpu(dut.input), sample.input.cpu(), rtol=rtol, atol=atol, equal_nan=True
+            )
+    except Exception as exc:  # noqa: BLE001
+        return "mismatch", mismatch_message(exc)
+    return "pass", ""
+
+
+def mismatch_message(exc: BaseException) -> str:
+    """assert_close's first line plus its mismatch counts and greatest differences, on one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = [line for line in lines[1:] if line.startswith(("Mismatched", "Greatest"))]
+    return "; ".join([harness.short_message(exc), *detail])[:400]
+
+
+@dataclass
+class CaseResult:
+    """One (op, OpInfo, dtype)."""
+
+    op: str
+    opinfo: str
+    dtype: str
+    status: str  # pass / mismatch / error / not-exercised / skip-samples
+    samples: int = 0
+    flaggems_calls: int = 0
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class OpResult:
+    op: str
+    status: str  # one of STATUSES
+    message: str = ""
+    cases: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class CallCounter:
+    """Re-registers `op`'s FlagGems implementation behind a counter for the duration of a with block."""
+
+    def __init__(self, op: str):
+        from torch_fl import _flaggems
+
+        self.op = op
+        self.impl = _flaggems.implementation(op)
+        self.calls = 0
+
+    def __enter__(self):
+        impl = self.impl
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return impl(*args, **kwargs)
+
+        torch_fl._C._routing_set_flaggems_impl(self.op, counting)
+        return self
+
+    def __exit__(self, *exc):
+        torch_fl._C._routing_set_flaggems_impl(self.op, self.impl)
+
+
+def sweep_case(op: str, opinfo, dtype: torch.dtype, max_samples: int, sample_timeout_s: float) -> CaseResult:
+    from torch_fl import routing
+
+    start = time.perf_counter()
+    key, dname = harness.op_key(opinfo), harness.dtype_name(dtype)
+    torch.manual_seed(0)
+    try:
+        with harness.time_limit(sample_timeout_s):
+            samples = list(
+                _first(
+                    opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=False),
+                    max_samples if max_samples > 0 else None,
+                )
+            )
+    except Exception as exc:  # noqa: BLE001
+        return CaseResult(op, key, dname, "skip-samples", message=harness.short_message(exc))
+    if not samples:
+        return CaseResult(op, key, dname, "skip-samples")
+    counts: collections.Counter = collections.Counter()
+    first: dict[str, str] = {}
+    with CallCounter(op) as counter, routing.override({op: "flaggems"}):
+        for sample in samples:
+            try:
+                with harness.time_limit(sample_timeout_s):
+                    status, message = compare_sample(opinfo, sample, op, dtype)
+            except Exception as exc:  # noqa: BLE001  (the sweep must never stop on one sample)
+                status, message = "error", harness.short_message(exc)
+            counts[status] += 1
+            if status != "pass":
+                first.setdefault(status, message)
+    torch.flagos.synchronize()
+    if counts["error"]:
+        status = "error"
+    elif counts["mismatch"]:
+        status = "mismatch"
+    elif counter.calls == 0:
+        status = "not-exercised"
+    else:
+        status = "pass"
+    return CaseResult(
+        op,
+        key,
+        dname,
+        status,
+        len(samples),
+        counter.calls,
+        first.get(status, ""),
+        round(time.perf_counter() - start, 3),
+    )
+
+
+def _first(iterable, n):
+    for i, item in enumerate(iterable):
+        if n is not None and i >= n:
+            return
+        yield item
+
+
+def op_status(op: str, cases: list[CaseResult]) -> tuple[str, str]:
+    failed = [c for c in cases if c.status in ("mismatch", "error")]
+    if failed:
+        c = failed[0]
+        return "fail", f"{c.status} in {c.dtype} ({c.opinfo}): {c.message}"
+    if any(c.status == "pass" for c in cases):
+        return "pass", ""
+    if cases:
+        return "not-exercised", "no sample of its OpInfos reached the FlagGems function"
+    return "no-opinfo", "no OpInfo reaches it on flagos"
+
+
+# ---- discovery -------------------------------------------------------------------------------------------
+
+
+def discover(
+    ops: list[str], opinfos: list, dtypes: list[torch.dtype], sample_timeout_s: float, deadline: float
+):
+    """For each OpInfo (first sample, first of `dtypes` it supports on CUDA), the ops of `ops` it reaches on
+    flagos: yields (opinfo key, [ops])."""
+    from torch_fl import routing
+
+    hits: set[str] = set()
+
+    def recorder(name: str):
+        base, _, overload = name.removeprefix("aten::").partition(".")
+        native = getattr(getattr(torch.ops.aten, base), overload or "default")
+
+        def record(*args, **kwargs):
+            hits.add(name)
+            return native(*args, **kwargs)
+
+        return record
+
+    for name in ops:
+        routing.register_python_impl(name, recorder(name))
+    try:
+        for opinfo in opinfos:
+            if time.time() > deadline:
+                return
+            if harness.is_random(opinfo):
+                continue
+            supported = harness.supported_dtypes(opinfo, REFERENCE[0])
+            dtype = next((d for d in dtypes if d in supported), None)
+            if dtype is None:
+                continue
+            hits.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    with harness.time_limit(sample_timeout_s):
+                        torch.manual_seed(0)
+                        sample = next(
+                            iter(opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=False)), None
+                        )
+                        if sample is not None:
+                            harness._run(opinfo, harness.move_sample(sample, "flagos"))
+                except Exception:  # noqa: BLE001  (a failing sample still says which ops it reached)
+                    pass
+            yield harness.op_key(opinfo), sorted(hits)
+    finally:
+        for name in ops:
+            routing.unregister_python_impl(name)
+
+
+# ---- workers ---------------------------------------------------------------------------------------------
+
+
+# The reference device: CUDA, except in the CPU tests' stand-in mode (--stand-in), where flagos runs on the
+# simulated accelerator, the reference on the CPU, and tests/fake_flaggems plays FlagGems.
+REFERENCE = ["cuda"]
+
+
+def use_stand_in() -> str:
+    """Stand-in mode (tests of this script on a machine without a GPU): loads tests/fake_flaggems's
+    flag_gems as the flaggems backend; '' or why it cannot."""
+    REFERENCE[0] = "cpu"
+    if torch_fl.accelerator() != "sim":
+        return "--stand-in runs on the simulated accelerator (FLAGOS_ACCELERATOR=sim)"
+    fake_dir = os.path.join(_TESTS_DIR, "fake_flaggems")
+    sys.path.insert(0, fake_dir)
+    import flag_gems
+
+    # Its stand-in triton must not stay visible: torch (inductor, dynamo) would take it for the real one.
+    sys.path.remove(fake_dir)
+    sys.modules.pop("triton", None)
+
+    from torch_fl import _flaggems
+
+    if not getattr(flag_gems, "__version__", "").endswith("+fake"):
+        return f"--stand-in found a real flag_gems ({flag_gems.__file__})"
+    status = _flaggems._install(flag_gems)
+    return "" if status.available else f"the stand-in FlagGems is unavailable: {status.reason}"
+
+
+def check_environment(need_flaggems: bool = True, stand_in: bool = False) -> str:
+    """'' when the sweep can run here, else why not."""
+    if stand_in:
+        return use_stand_in()
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False): the FlagGems sweep runs on an NVIDIA GPU"
+    if torch_fl.accelerator() != "cuda":
+        return f"flagos runs on {torch_fl.accelerator()!r}, not on the cuda accelerator"
+    if not need_flaggems:
+        return ""
+    from torch_fl import _flaggems
+
+    status = _flaggems.load()
+    if not status.available:
+        return f"FlagGems is unavailable: {status.reason}"
+    return ""
+
+
+def run_worker(args) -> int:
+    """A worker: the items of its task file (JSON), results appended to --results as JSON lines."""
+    with open(args.worker) as f:
+        task = json.load(f)
+    # Discovery uses the python route, not FlagGems.
+    reason = check_environment(need_flaggems=task["phase"] == "sweep", stand_in=args.stand_in)
+    if reason:
+        print(f"flaggems_sweep worker: {reason}", file=sys.stderr)
+        return 2
+    db = harness.load_op_db()
+    dtypes = [harness.parse_dtype(d) for d in task["dtypes"]]
+    with open(args.results, "a") as out:
+
+        def emit(record: dict) -> None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+        if task["phase"] == "discover":
+            opinfos = [db[k] for k in task["items"] if k in db]
+            for key, reached in discover(task["ops"], opinfos, dtypes, args.sample_timeout, task["deadline"]):
+                emit({"opinfo": key, "ops": reached})
+            return 0
+        for item in task["items"]:
+            op, keys = item["op"], item["opinfos"]
+            if time.time() > task["deadline"]:
+                return 0
+            emit({"begin": op})
+            start = time.perf_counter()
+            cases = []
+            for key in keys[: args.max_opinfos]:
+                opinfo = db[key]
+                supported = harness.supported_dtypes(opinfo, REFERENCE[0])
+                for dtype in dtypes:
+                    if dtype in supported:
+                        case = sweep_case(op, opinfo, dtype, args.max_samples, args.sample_timeout)
+                        cases.append(case)
+                        if args.verbose:
+                            print(
+                                f"{op} {case.opinfo} {case.dtype}: {case.status} {case.message}",
+                                file=sys.stderr,
+                            )
+            status, message = op_status(op, cases)
+            emit(
+                asdict(
+                    OpResult(
+                        op, status, message, [asdict(c) for c in cases], round(time.perf_counter() - start, 2)
+                    )
+                )
+            )
+    return 0
+
+
+def run_phase(phase: str, items: list, common: dict, args, deadline: float, item_key) -> list[dict]:
+    """Runs `items` in up to --workers worker processes (round-robin shards), restarting a worker that died
+    after the item it was on; returns every record the workers wrote, plus {'crash': item} records."""
+    workers = max(1, min(args.workers, len(items)))
+    shards = [items[i::workers] for i in range(workers)]
+    records: list[dict] = []
+    tmp = tempfile.mkdtemp(prefix=f"flaggems_sweep_{phase}_")
+    script = os.path.abspath(__file__)
+    base = (
+        [
+            sys.executable,
+            script,
+            "--max-samples",
+            str(args.max_samples),
+            "--max-opinfos",
+            str(args.max_opinfos),
+            "--sample-timeout",
+            str(args.sample_timeout),
+        ]
+        + (["-v"] if args.verbose else [])
+        + (["--stand-in"] if args.stand_in else [])
+    )
+    pending = {i: shard for i, shard in enumerate(shards) if shard}
+    procs: dict[int, tuple[subprocess.Popen, str]] = {}
+
+    def start(i: int) -> None:
+        task_path = os.path.join(tmp, f"task{i}.json")
+        results_path = os.path.join(tmp, f"results{i}.jsonl")
+        with open(task_path, "w") as f:
+            json.dump({"phase": phase, "items": pending[i], "deadline": deadline, **common}, f)
+        open(results_path, "w").close()
+        # Each worker its own FlagGems cache (autotuning database, generated code): concurrent writers of one
+        # sqlite file can fail with "database is locked". Triton's own cache is safe to share.
+        env = dict(os.environ)
+        env.setdefault("FLAGGEMS_CACHE_DIR", os.path.join(tmp, f"flaggems_cache{i}"))
+        procs[i] = (
+            subprocess.Popen([*base, "--worker", task_path, "--results", results_path], env=env),
+            results_path,
+        )
+
+    for i in pending:
+        start(i)
+    while procs:
+        time.sleep(0.5)
+        for i in list(procs):
+            proc, results_path = procs[i]
+            timed_out = time.time() > deadline + args.grace_s
+            if proc.poll() is None and not timed_out:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            with open(results_path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            done = {item_key(r) for r in lines if "begin" not in r}
+            begun = [r["begin"] for r in lines if "begin" in r]
+            records.extend(r for r in lines if "begin" not in r)
+            del procs[i]
+            remaining = [it for it in pending[i] if item_key(it) not in done]
+            if proc.returncode not in (0, None) and not timed_out and remaining:
+                # Died on the item it had begun (discovery: the first not done); record it, go on after it.
+                crashed = next((it for it in remaining if item_key(it) in begun), remaining[0])
+                records.append({"crash": item_key(crashed), "returncode": proc.returncode})
+                print(
+                    f"flaggems_sweep: worker died (exit {proc.returncode}) on {item_key(crashed)}",
+                    file=sys.stderr,
+                )
+                pending[i] = [it for it in remaining if it is not crashed]
+                if pending[i] and time.time() < deadline:
+                    start(i)
+    return records
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------
+
+
+def environment_line() -> str:
+    from torch_fl import _flaggems
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = "?"
+    return (
+        f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, Triton {triton_version}, "
+        f"{torch.cuda.get_device_name(0) if REFERENCE[0] == 'cuda' else 'simulated accelerator, stand-in FlagGems'}"
+    )
+
+
+def write_config(path: str, results: dict[str, OpResult], header: dict) -> None:
+    by_status: dict[str, list[OpResult]] = collections.defaultdict(list)
+    for result in results.values():
+        by_status[result.status].append(result)
+    lines = [
+        "# FlagGems routes for NVIDIA GPUs: the ops that passed tests/opinfo/flaggems_sweep.py. Generated; do",
+        "# not edit by hand (rerun the sweep on the GPU machine, scripts/gpu_flaggems.sh, and copy its output).",
+        f"# Sweep: {header['environment']}, {header['date']}",
+        f"# dtypes {', '.join(header['dtypes'])}; up to {header['max_samples']} samples of up to "
+        f"{header['max_opinfos']} OpInfos per op and dtype, compared",
+        "# with native CUDA at dtype-fit tolerances (float32 matmul-family ops at TF32 tolerance; see the sweep).",
+        f"# {len(by_status['pass'])} of {len(results)} ops FlagGems implements (and that reach the router) pass.",
+        "#",
+        '# Select it: FLAGOS_BACKEND_CONFIG=$(python -c "import torch_fl.routing as r; '
+        "print(r.package_config('flaggems_cuda'))\")",
+        "# or torch_fl.routing.load_config(torch_fl.routing.package_config('flaggems_cuda')). See docs/flaggems.md.",
+        "include cuda.conf",
+        "",
+    ]
+    for result in sorted(by_status["pass"], key=lambda r: r.op):
+        dtypes = sorted({c["dtype"] for c in result.cases if c["status"] == "pass"})
+        samples = sum(c["samples"] for c in result.cases if c["status"] == "pass")
+        opinfos = sorted({c["opinfo"] for c in result.cases if c["status"] == "pass"})
+        lines.append(
+            f"{result.op} = flaggems   # {'/'.join(dtypes)}, {samples} samples: {', '.join(opinfos)}"
+        )
+    why = {
+        "fail": "Excluded: results differ from native CUDA or FlagGems raised (first failure shown)",
+        "crash": "Excluded: the process died while sweeping it",
+        "not-exercised": "Not routed: no OpInfo sample reached FlagGems' function (untested)",
+        "no-opinfo": "Not routed: no OpInfo reaches this op on flagos (untested)",
+        "not-run": "Not routed: the sweep's time budget ran out before it (untested)",
+    }
+    for status, title in why.items():
+        if not by_status[status]:
+            continue
+        lines += ["", f"# {title}:"]
+        for result in sorted(by_status[status], key=lambda r: r.op):
+            note = f": {result.message}" if result.message and status in ("fail", "crash") else ""
+            lines.append(f"#   {result.op}{note}"[:300])
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_markdown(path: str, results: dict[str, OpResult], header: dict) -> None:
+    counts = collections.Counter(r.status for r in results.values())
+    lines = [
+        f"Sweep: {header['environment']}, {header['date']}; dtypes {', '.join(header['dtypes'])}, up to "
+        f"{header['max_samples']} samples x {header['max_opinfos']} OpInfos per op and dtype; "
+        f"{header['seconds']:.0f} s.",
+        "",
+        "| status | ops |",
+        "|---|---:|",
+        *[f"| {status} | {counts[status]} |" for status in STATUSES if counts[status]],
+        "",
+        "| op | status | dtypes passed | samples | OpInfos | note |",
+        "|---|---|---|---:|---|---|",
+    ]
+    for result in sorted(results.values(), key=lambda r: (STATUSES.index(r.status), r.op)):
+        dtypes = sorted({c["dtype"] for c in result.cases if c["status"] == "pass"})
+        samples = sum(c["samples"] for c in result.cases)
+        opinfos = sorted({c["opinfo"] for c in result.cases})
+        note = result.message.replace("|", "\\|")[:160]
+        lines.append(
+            f"| `{result.op}` | {result.status} | {'/'.join(dtypes)} | {samples} | {', '.join(opinfos[:4])} | {note} |"
+        )
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out-dir", default="flaggems_sweep_out")
+    parser.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
+    parser.add_argument(
+        "--ops", default="", help="comma-separated canonical op names (default: all routable)"
+    )
+    parser.add_argument("--max-samples", type=int, default=3, help="samples per OpInfo and dtype (0 = all)")
+    parser.add_argument("--max-opinfos", type=int, default=3, help="OpInfos per op")
+    parser.add_argument("--sample-timeout", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    parser.add_argument("--budget-s", type=float, default=600.0, help="wall time for both phases")
+    parser.add_argument(
+        "--discovery-share", type=float, default=0.3, help="fraction of the budget for discovery"
+    )
+    parser.add_argument(
+        "--grace-s", type=float, default=20.0, help="after the budget, before workers are killed"
+    )
+    parser.add_argument(
+        "--map-in",
+        help="reuse the op -> OpInfos map of an earlier run's flaggems_sweep.json (skips discovery)",
+    )
+    parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)  # CPU tests of this script
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--results", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+
+    start = time.time()
+    reason = check_environment(stand_in=args.stand_in)
+    if reason:
+        print(f"flaggems_sweep: cannot run here: {reason}", file=sys.stderr)
+        return 2
+    from torch_fl import _flaggems
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    routable = _flaggems.routable_ops()
+    wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
+    unknown = [o for o in wanted if o not in routable]
+    if unknown:
+        parser.error(f"not routable FlagGems ops here: {', '.join(unknown)}")
+    ops = priority_order(wanted or routable)
+    common = {"dtypes": dtypes, "ops": ops}
+    print(
+        f"flaggems_sweep: {environment_line()}; {len(ops)} ops, {args.workers} workers, budget {args.budget_s:.0f} s"
+    )
+
+    if args.map_in:
+        with open(args.map_in) as f:
+            op_map = json.load(f)
+        op_map = op_map.get("opinfo_map", op_map)
+    else:
+        db = harness.load_op_db()
+        opinfos = [k.strip() for k in args.opinfos.split(",") if k.strip()] or list(db)
+        missing = [k for k in opinfos if k not in db]
+        if missing:
+            parser.error(f"unknown OpInfo(s): {', '.join(missing)}")
+        deadline = start + args.budget_s * args.discovery_share
+        records = run_phase(
+            "discover",
+            opinfos,
+            common,
+            args,
+            deadline,
+            lambda r: r if isinstance(r, str) else r.get("opinfo", r.get("crash")),
+        )
+        op_map = {op: [] for op in ops}
+        for record in records:
+            for op in record.get("ops", []):
+                op_map.setdefault(op, []).append(record["opinfo"])
+        discovered = sum(1 for r in records if "opinfo" in r)
+        print(
+            f"flaggems_sweep: discovery ran {discovered} of {len(opinfos)} OpInfos in {time.time() - start:.0f} s"
+        )
+
+    items = [{"op": op, "opinfos": sorted(op_map.get(op, []))} for op in ops]
+    deadline = start + args.budget_s
+    records = run_phase(
+        "sweep", items, common, args, deadline, lambda r: r["op"] if "op" in r else r.get("crash")
+    )
+    results: dict[str, OpResult] = {op: OpResult(op, "not-run") for op in ops}
+    for record in records:
+        if "crash" in record:
+            results[record["crash"]] = OpResult(
+                record["crash"], "crash", f"exit status {record['returncode']}"
+            )
+        else:
+            results[record["op"]] = OpResult(**record)
+    elapsed = time.time() - start
+    header = {
+        "environment": environment_line(),
+        "date": datetime.date.today().isoformat(),
+        "dtypes": dtypes,
+        "max_samples": args.max_samples,
+        "max_opinfos": args.max_opinfos,
+        "seconds": elapsed,
+    }
+    with open(os.path.join(args.out_dir, "flaggems_sweep.json"), "w") as f:
+        json.dump(
+            {**header, "results": [asdict(r) for r in results.values()], "opinfo_map": op_map}, f, indent=1
+        )
+    write_config(os.path.join(args.out_dir, "flaggems_cuda.conf"), results, header)
+    write_markdown(os.path.join(args.out_dir, "flaggems_sweep.md"), results, header)
+    counts = collections.Counter(r.status for r in results.values())
+    print(f"flaggems_sweep: {dict(counts)} in {elapsed:.0f} s; outputs in {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
