@@ -324,7 +324,9 @@ def test_counts_and_reset():
 def test_counts_name_the_backend_after_fall_through():
     x = torch.randn(16, device="flagos")
     routing.set(EXP_ROUTED, "flaggems")  # unavailable here: falls through to native
-    with pytest.warns(UserWarning, match="flaggems is unavailable"):
+    with warnings.catch_warnings():
+        # The fall-through warning is once per process (tests/test_flaggems.py checks it in a fresh one).
+        warnings.simplefilter("ignore")
         _, counts = counts_of(lambda: x.exp())
     assert counts == only(native=1)
 
