@@ -280,6 +280,35 @@ def test_routed_implicit_autograd_op_runs_its_route_and_keeps_autograd():
     assert counts == only(cpu=1), "under no_grad nothing is recorded, so the route applies"
 
 
+# ---- ops of other libraries -----------------------------------------------------------------------------
+
+
+def test_custom_op_with_a_composite_kernel_and_its_redefinition():
+    x = torch.arange(4.0)
+    lib = torch.library.Library("flagos_test_routes", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda t: t * 2, "CompositeImplicitAutograd")
+    op = "flagos_test_routes::twice"
+    routing.set(op, "cpu")
+    result, counts = counts_of(lambda: torch.ops.flagos_test_routes.twice(x.to("flagos")))
+    assert counts == only(cpu=1)
+    assert_equal(result, x * 2)
+    routing.set(op, None)
+    del lib  # the op is deregistered; the router's kernel for it stays
+
+    # Defined again, now with a CPU kernel only: with no composite left, the default chain applies.
+    lib = torch.library.Library("flagos_test_routes", "DEF")
+    try:
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda t: t * 3, "CPU")
+        result, counts = counts_of(lambda: torch.ops.flagos_test_routes.twice(x.to("flagos")))
+        assert counts == only(native=1)
+        assert_equal(result, x * 3)
+        assert routing.explain(op) == f"{op} -> native (default: native has a {NATIVE} kernel)"
+    finally:
+        del lib
+
+
 # ---- ops flagos routes directly from the start --------------------------------------------------------
 
 
