@@ -154,6 +154,32 @@ def test_backend_config_at_import_routes_add_tensor(run_python, tmp_path):
     assert result.json() == [1, [2.0, 2.0, 2.0]]
 
 
+def test_log_dispatch_shows_the_routed_op_and_the_composite_path(run_python):
+    result = run_python(
+        """
+        import torch, torch_fl
+        from torch_fl import routing
+        a = torch.ones(2, 2, device="flagos")
+        routing.set("mm", "cpu")
+        print("-- routed", flush=True)
+        torch.mm(a, a)
+        routing.set("mm", None)
+        print("-- default", flush=True)
+        torch.mm(a, a)
+        """,
+        env={"FLAGOS_LOG_DISPATCH": "1"},
+    ).check()
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch] aten::mm")]
+    native = f"native (default: native has a {NATIVE} kernel)"
+    assert lines == [
+        "[flagos dispatch] aten::mm -> cpu (api)",
+        f"[flagos dispatch] aten::mm -> {native}; note: no rule names it, so on flagos it runs its "
+        "CompositeExplicitAutogradNonFunctional kernel, which calls other ops (probably aten::mm.out) that "
+        "are routed on their own",
+        f"[flagos dispatch] aten::mm.out -> {native}",
+    ], result.stderr
+
+
 def test_explicit_native_runs_the_op_itself_not_its_out_overload():
     a, b, fa, fb = mats()
     routing.set("aten::mm", "native")
@@ -262,6 +288,35 @@ def test_routed_implicit_autograd_op_runs_its_route_and_keeps_autograd():
     assert counts == only(cpu=1), "under no_grad nothing is recorded, so the route applies"
 
 
+# ---- ops of other libraries -----------------------------------------------------------------------------
+
+
+def test_custom_op_with_a_composite_kernel_and_its_redefinition():
+    x = torch.arange(4.0)
+    lib = torch.library.Library("flagos_test_routes", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda t: t * 2, "CompositeImplicitAutograd")
+    op = "flagos_test_routes::twice"
+    routing.set(op, "cpu")
+    result, counts = counts_of(lambda: torch.ops.flagos_test_routes.twice(x.to("flagos")))
+    assert counts == only(cpu=1)
+    assert_equal(result, x * 2)
+    routing.set(op, None)
+    del lib  # the op is deregistered; the router's kernel for it stays
+
+    # Defined again, now with a CPU kernel only: with no composite left, the default chain applies.
+    lib = torch.library.Library("flagos_test_routes", "DEF")
+    try:
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda t: t * 3, "CPU")
+        result, counts = counts_of(lambda: torch.ops.flagos_test_routes.twice(x.to("flagos")))
+        assert counts == only(native=1)
+        assert_equal(result, x * 3)
+        assert routing.explain(op) == f"{op} -> native (default: native has a {NATIVE} kernel)"
+    finally:
+        del lib
+
+
 # ---- ops flagos routes directly from the start --------------------------------------------------------
 
 
@@ -279,6 +334,13 @@ def test_layer_norm_matches_the_native_kernel():
     result, counts = counts_of(lambda: F.layer_norm(x.to("flagos"), (33,), w.to("flagos"), b.to("flagos")))
     assert counts == only(native=1), "one native_layer_norm call, not a decomposition"
     assert_equal(result, F.layer_norm(x, (33,), w, b))
+
+    fw = w.to("flagos").requires_grad_()
+    F.layer_norm(x.to("flagos"), (33,), fw, b.to("flagos")).square().sum().backward()
+    w.requires_grad_()
+    F.layer_norm(x, (33,), w, b).square().sum().backward()
+    assert fw.grad.device.type == "flagos"
+    torch.testing.assert_close(fw.grad.cpu(), w.grad, rtol=0, atol=0)
 
 
 def test_mse_loss_does_not_warn():

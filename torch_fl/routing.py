@@ -107,7 +107,9 @@ def override(mapping: Mapping[str, str]) -> Iterator[None]:
 
 def explain(op: str) -> str:
     """The backend of ``op`` and the rule that chose it, e.g. ``'aten::mm -> cpu (env FLAGOS_OP_mm)'``,
-    with fall-through steps, rules it shadows and a note when the op's calls never reach the router."""
+    with fall-through steps, rules it shadows and a note when the op's calls do not (always) take that
+    route: ops with a basic flagos kernel, composite ops no rule names (they run their composite kernel),
+    CompositeImplicitAutograd ops while autograd records (they decompose)."""
     return _call(_C._routing_explain, op)
 
 

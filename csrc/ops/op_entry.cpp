@@ -74,15 +74,16 @@ std::optional<DispatchKey> composite_key(const c10::OperatorHandle& op) {
 // PrivateUse1 kernel of an op routed because a rule named it. Without a rule (it was removed) the op runs
 // its composite kernel, as it did before it was routed: the same results, and on the native route the
 // composite's out= call stays zero-copy where a functional kernel's fresh outputs would be copied.
+// An op defined again without a composite kernel (a torch.library op whose library was destroyed and
+// recreated) has none to run: the default chain applies then, as for any op that reaches the fallback.
 void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const Route r = route(op);
-  if (!r.by_default) {
+  const std::optional<DispatchKey> key = r.by_default ? composite_key(op) : std::nullopt;
+  if (key.has_value()) {
+    op.callBoxedForDispatchKey(*key, *stack);
+  } else {
     run_route(r.backend, op, stack);
-    return;
   }
-  const std::optional<DispatchKey> key = composite_key(op);
-  TORCH_INTERNAL_ASSERT(key.has_value(), "flagos: ", op.operator_name(), " lost its composite kernel");
-  op.callBoxedForDispatchKey(*key, *stack);
 }
 
 // Whether autograd records this call: grad mode on and a tensor argument requiring grad, or a tensor
@@ -217,7 +218,9 @@ std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
     }
     return "flagos has a kernel of its own for it" + where + ", so its calls do not go through the router";
   }
-  const DispatchKey key = composite_key(op).value_or(DispatchKey::CompositeExplicitAutograd);
+  const std::optional<DispatchKey> composite = composite_key(op);
+  if (!composite.has_value()) return "";  // routed, then defined again without one: every call is routed
+  const DispatchKey key = *composite;
   if (key == DispatchKey::CompositeImplicitAutograd) {
     if (has_rule) {
       return "it is CompositeImplicitAutograd: when autograd records a call (grad mode on and an input "

@@ -324,19 +324,20 @@ void emit_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) TORCH_WARN(w);
 }
 
-void log_decision_text(const std::string& text) {
+// With a note when the call does not take the decided route: a routed composite op with no rule runs its
+// composite kernel (ops/op_entry.h).
+void log_decision_locked(const State& s, const c10::OperatorHandle& op, const Decision& d) {
+  std::string text = decision_text(s, op.operator_name(), d);
+  const std::string note = op_entry_note(op, d.rule.has_value());
+  if (!note.empty()) text += "; note: " + note;
   std::fprintf(stderr, "[flagos dispatch] %s\n", text.c_str());
 }
 
 // With FLAGOS_LOG_DISPATCH=1 every call reports its decision (slow by design: a debugging aid).
 void log_decision(const c10::OperatorHandle& op) {
   State& s = state();
-  std::string text;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    text = decision_text(s, op.operator_name(), decide_locked(s, op, /*warn=*/false));
-  }
-  log_decision_text(text);
+  std::lock_guard<std::mutex> lock(s.mu);
+  log_decision_locked(s, op, decide_locked(s, op, /*warn=*/false));
 }
 
 // Runs the FlagGems loader, never under the router's mutex (it takes the GIL, and the lock order is the
@@ -387,7 +388,7 @@ C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
             break;
           }
         }
-        if (C10_UNLIKELY(g_log_dispatch)) log_decision_text(decision_text(s, op.operator_name(), d));
+        if (C10_UNLIKELY(g_log_dispatch)) log_decision_locked(s, op, d);
         break;
       }
     }

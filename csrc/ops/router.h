@@ -1,4 +1,5 @@
-// The router: which backend runs each operator that reaches the PrivateUse1 fallback.
+// The router: which backend runs each operator call that reaches it, through the PrivateUse1 fallback or
+// the router's kernel registered for composite ops a rule names (ops/op_entry.h).
 //
 // A route is chosen per operator overload (`aten::mm`, `aten::add.Tensor`). Precedence, lowest first:
 // the built-in default chain (native if the native device has a kernel, else cpu) < the config file
