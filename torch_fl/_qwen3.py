@@ -90,13 +90,15 @@ class Tolerance:
 # most, relative RMS error ~1e-6, at both shapes; the bounds are 10-20x that. bfloat16 at the 0.6B shape:
 # up to 0.085 RMS elementwise and 1.45% relative RMS error (as much as bf16 against float32 itself: this
 # random model amplifies rounding); the bounds are about 2.5x that, below what one wrong kernel does (a
-# matmul 5% off, or about 1 RMS for a broken one).
+# matmul 5% off, or about 1 RMS for a broken one). Training, 4 AdamW steps: float32 losses agree to 2e-7
+# and updates to 1.2e-5 (tiny); bf16 losses to 0.3% and updates to 8.3% at the 0.6B shape (4.2% tiny,
+# autocast); untied embeddings, a real bug, gave 36%.
 TOLERANCES = {
     torch.float32: Tolerance(
         rtol=1e-4, atol=1e-4, rel_rms=1e-5, loss_rtol=1e-4, update_rtol=1e-3, weight_atol=0.05
     ),
     torch.bfloat16: Tolerance(
-        rtol=5e-2, atol=2e-1, rel_rms=4e-2, loss_rtol=2e-2, update_rtol=0.15, weight_atol=None
+        rtol=5e-2, atol=2e-1, rel_rms=4e-2, loss_rtol=2e-2, update_rtol=0.2, weight_atol=None
     ),
     torch.float16: Tolerance(
         rtol=1e-2, atol=5e-2, rel_rms=1e-2, loss_rtol=5e-3, update_rtol=0.05, weight_atol=None
