@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import torch_fl
     from torch_fl.__main__ import report
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if report() != 0:
         print("\nflagos has no usable device here; see the report above.")
         return 1
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     shape = _qwen3.default_shape(reference) if args.shape == "auto" else args.shape
     source = args.model or f"Qwen3 {shape} shape, random weights (seed {args.seed})"
     print(
-        f"\nQwen3 on flagos ({torch_fl.accelerator()}) against {reference}; transformers {transformers.__version__}"
+        f"\nQwen3 on flagos ({torch_fl.accelerator()}) against {reference}; transformers "
+        f"{transformers.__version__}, {torch.get_num_threads()} CPU threads"
     )
     print(f"  model: {source}, {str(dtype).replace('torch.', '')}")
 
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the random weights and prompt (default 0)"
     )
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for CPU work (default: torch's)")
     args = parser.parse_args(argv)
     if args.new_tokens < 1 or args.prompt_length < 1:
         parser.error("--new-tokens and --prompt-length must be at least 1")

@@ -105,6 +105,26 @@ def test_demo_fails_when_parity_fails(capsys, qwen3):
     assert "PARITY FAILED" in out
 
 
+def test_demo_reports_routing_counts(monkeypatch, capsys, qwen3):
+    """Where torch_fl.routing has counts()/reset_counts() (another change adds them), the demo resets the
+    counts before generating on flagos and prints them per backend; stand-ins here until they land."""
+    import torch_fl
+    from torch_fl import demo
+
+    calls = []
+    monkeypatch.setattr(torch_fl.routing, "reset_counts", lambda: calls.append("reset"), raising=False)
+    monkeypatch.setattr(
+        torch_fl.routing,
+        "counts",
+        lambda: calls.append("counts") or {"native": 1234, "cpu": 5},
+        raising=False,
+    )
+    assert demo.main(["--shape", qwen3.shape, "--new-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "by backend: native 1234, cpu 5" in out, out
+    assert calls == ["reset", "counts"]
+
+
 def test_benchmark_with_model(run_python, checkpoint, tmp_path):
     config = tmp_path / "mm_on_cpu.conf"
     config.write_text("mm.out = cpu\n")
