@@ -92,6 +92,23 @@ def two_devices_only():
         pytest.skip("needs at least two flagos devices")
 
 
+@pytest.fixture
+def flaggems_unavailable():
+    """For tests of a flaggems backend that cannot be used. Where FlagGems is installed and usable (the GPU
+    machine) it is switched off for the test and back on afterwards; availability is otherwise decided
+    once per process, so it is decided (loaded) first."""
+    from torch_fl import _flaggems, routing
+
+    if not _flaggems.load().available:
+        yield
+        return
+    routing._set_flaggems_available(False, "switched off by the test")
+    try:
+        yield
+    finally:
+        routing._set_flaggems_available(True, "")
+
+
 @pytest.fixture(autouse=True)
 def _restore_device_and_streams(request):
     """Every test starts and ends on device 0 with the default streams current, whatever it changed."""

@@ -171,6 +171,9 @@ def test_log_dispatch_shows_the_routed_op_and_the_composite_path(run_python):
     ).check()
     lines = [line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch] aten::mm")]
     native = f"native (default: native has a {NATIVE} kernel)"
+    if BACKED:  # mm has a CUDA kernel, so it reaches the router directly: no composite, no mm.out
+        assert lines == ["[flagos dispatch] aten::mm -> cpu (api)", f"[flagos dispatch] aten::mm -> {native}"]
+        return
     assert lines == [
         "[flagos dispatch] aten::mm -> cpu (api)",
         f"[flagos dispatch] aten::mm -> {native}; note: no rule names it, so on flagos it runs its "
@@ -310,9 +313,13 @@ def test_custom_op_with_a_composite_kernel_and_its_redefinition():
         lib.define("twice(Tensor x) -> Tensor")
         lib.impl("twice", lambda t: t * 3, "CPU")
         result, counts = counts_of(lambda: torch.ops.flagos_test_routes.twice(x.to("flagos")))
-        assert counts == only(native=1)
+        if NATIVE == "CPU":
+            assert counts == only(native=1)
+            assert routing.explain(op) == f"{op} -> native (default: native has a CPU kernel)"
+        else:
+            assert counts == only(cpu=1)
+            assert routing.explain(op) == f"{op} -> cpu (default: native has no {NATIVE} kernel)"
         assert_equal(result, x * 3)
-        assert routing.explain(op) == f"{op} -> native (default: native has a {NATIVE} kernel)"
     finally:
         del lib
 
@@ -340,7 +347,9 @@ def test_layer_norm_matches_the_native_kernel():
     w.requires_grad_()
     F.layer_norm(x, (33,), w, b).square().sum().backward()
     assert fw.grad.device.type == "flagos"
-    torch.testing.assert_close(fw.grad.cpu(), w.grad, rtol=0, atol=0)
+    # Against the CPU: bitwise on sim (the same CPU kernels); close when backed by CUDA (a CUDA backward
+    # cannot run beside flagos, see docs/design.md, so the CPU is the reference there too).
+    assert_equal(fw.grad, w.grad)
 
 
 def test_mse_loss_does_not_warn():
@@ -349,7 +358,7 @@ def test_mse_loss_does_not_warn():
         warnings.simplefilter("error")
         for reduction in ["mean", "sum", "none"]:
             result = F.mse_loss(x.to("flagos"), y.to("flagos"), reduction=reduction)
-            torch.testing.assert_close(result.cpu(), F.mse_loss(x, y, reduction=reduction), rtol=0, atol=0)
+            assert_equal(result, F.mse_loss(x, y, reduction=reduction))
 
 
 def test_convolution_forward_and_backward():
@@ -383,7 +392,7 @@ def test_counts_and_reset():
     assert routing.counts() == ZERO
 
 
-def test_counts_name_the_backend_after_fall_through():
+def test_counts_name_the_backend_after_fall_through(flaggems_unavailable):
     x = torch.randn(16, device="flagos")
     routing.set(EXP_ROUTED, "flaggems")  # unavailable here: falls through to native
     with warnings.catch_warnings():

@@ -151,7 +151,10 @@ def test_empty_cache_returns_cached_blocks():
     frees = torch.flagos.memory_stats()["num_device_free"]
     torch.flagos.empty_cache()
     assert_cache_released()
-    assert torch.flagos.memory_stats()["num_device_free"] >= frees + 4
+    # Our allocator gives each block its own device allocation; torch's CUDA allocator (backing flagos on
+    # NVIDIA) packs blocks of 1-10 MiB into shared 20 MiB segments, so at least one segment went back.
+    freed = 1 if torch_fl._C._backing_type() == "cuda" else 4
+    assert torch.flagos.memory_stats()["num_device_free"] >= frees + freed
     assert keep.numel() == MiB  # live tensors survive empty_cache
 
 

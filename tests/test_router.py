@@ -257,7 +257,7 @@ def test_explain_notes_ops_that_do_not_reach_the_router():
     assert "note" not in routing.explain(MM)
 
 
-def test_table_lists_every_explicit_route(tmp_path):
+def test_table_lists_every_explicit_route(tmp_path, flaggems_unavailable):
     conf = write(tmp_path / "t.conf", "bmm.out = cpu\nmm.out = flaggems\n")
     routing.load_config(conf)
     routing.set(ADD, "cpu")
@@ -273,12 +273,12 @@ def test_table_lists_every_explicit_route(tmp_path):
 # ---- fall-through --------------------------------------------------------------------------------------
 
 
-def test_fall_through_is_explained():
+def test_fall_through_is_explained(flaggems_unavailable):
     routing.set(MM, "flaggems")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert routing.get(MM) == "native"
-    reason = torch_fl._flaggems.status().reason  # e.g. "flag_gems is not installed (...)"
+    _, reason = torch_fl._C._routing_flaggems_state()  # e.g. "import flag_gems failed: ..."
     assert reason, "FlagGems is unavailable here, so a reason must have been kept"
     assert routing.explain(MM) == (
         "aten::mm.out -> native (api asked for flaggems; flaggems is unavailable: FlagGems is not available "
@@ -309,7 +309,8 @@ def test_fall_through_warns_once_per_op_and_backend(run_python):
             routing.set("aten::mm.out", "python")  # another backend: one more warning
             got += [routing.get("mm.out") for _ in range(2)]
         print("RESULT " + json.dumps({"got": got, "warnings": [str(w.message) for w in caught]}))
-        """
+        """,
+        env={"FLAGOS_DISABLE_FLAGGEMS": "1"},  # unavailable also where FlagGems is installed
     ).check()
     out = result.json()
     assert out["got"] == ["native"] * 5
@@ -618,6 +619,7 @@ def test_env_names_and_legacy_values(run_python):
             "FLAGOS_OP_add__Tensor": "flagos_python",  # legacy name of flaggems
             "FLAGOS_OP___and____Tensor": "CPU",  # an op whose name contains '__'; case-insensitive
             "FLAGOS_OP_bmm__out": "",  # empty: not set
+            "FLAGOS_DISABLE_FLAGGEMS": "1",  # flaggems unavailable also where FlagGems is installed
         },
     ).check()
     table = result.json()
