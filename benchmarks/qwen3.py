@@ -10,7 +10,9 @@ each, and reports medians and the flagos/reference ratios: times (lower is bette
 - decode: greedy ``generate`` of ``--new-tokens`` tokens after a 16-token prompt; tokens/s counts the
   tokens after the first, timed from the first new token to the last (prefill excluded);
 - train: forward, backward and an AdamW step (foreach) on ``--batch x --train-length`` tokens, in the
-  model's dtype.
+  model's dtype. A CUDA backward cannot run in a process that imported torch_fl (a torch limitation, see
+  ``_qwen3.backward_runs_here``), so against CUDA the reference's steps run in a fresh process on the same
+  GPU, before flagos's, not interleaved with them.
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -77,16 +79,19 @@ class _DecodeClock:
 class Workload:
     """The three measurements for one device."""
 
-    def __init__(self, master, device: str, dtype: torch.dtype, sizes: tuple[int, int, int, int], vocab: int):
+    def __init__(self, master, spec: dict, device: str, sizes: tuple[int, int, int, int], vocab: int):
         prompt_length, self.new_tokens, batch, train_length = sizes
         self.device = device
+        self.spec = spec  # how to build `master` again (_qwen3.build_model's arguments)
         self.model = _qwen3.copy_to(master, device)
-        self.train_model = _qwen3.copy_to(master, device).train()
-        self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
+        self.trains_here = _qwen3.backward_runs_here(device)
+        if self.trains_here:
+            self.train_model = _qwen3.copy_to(master, device).train()
+            self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
         g = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(0, vocab, (1, prompt_length), generator=g).to(device)
         self.decode_prompt = torch.randint(0, vocab, (1, 16), generator=g).to(device)
-        self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g).to(device)
+        self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g)
         self.clock = _DecodeClock()
 
     def prefill(self) -> float:
@@ -104,22 +109,28 @@ class Workload:
         return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
     def train(self) -> float:
-        def run():
-            self.opt.zero_grad(set_to_none=True)
-            loss = self.train_model(self.train_ids, labels=self.train_ids).loss
-            loss.backward()
-            self.opt.step()
+        ids = self.train_ids.to(self.device)
+        return _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
 
-        return _timed(run, self.device)
+    def train_elsewhere(self, repeats: int) -> list[float]:
+        """Step times from a fresh process without torch_fl (one warm-up step, then ``repeats``)."""
+        return _qwen3.run_in_clean_process(
+            "time_train_steps", self.spec, device=self.device, ids=self.train_ids, repeats=repeats
+        )
 
 
 def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float]]:
-    """name -> (median on the reference, median on flagos); one warm-up each, runs interleaved."""
+    """name -> (median on the reference, median on flagos); one warm-up each, runs interleaved (except
+    a reference that cannot train in this process: its steps run first, in a process of their own)."""
     results = {}
     for name in ("prefill", "decode", "train"):
         samples: dict[str, list[float]] = {"ref": [], "fl": []}
+        workloads = (("ref", ref), ("fl", fl))
+        if name == "train" and not ref.trains_here:
+            samples["ref"] = ref.train_elsewhere(repeats)
+            workloads = (("fl", fl),)
         for warm_up in (True,) + (False,) * repeats:
-            for key, workload in (("ref", ref), ("fl", fl)):
+            for key, workload in workloads:
                 value = getattr(workload, name)()
                 if not warm_up:
                     samples[key].append(value)
@@ -180,15 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, torch_fl {torch_fl.__version__} on '{torch_fl.accelerator()}', "
         f"reference {reference}, {torch.get_num_threads()} CPU threads, repeats {args.repeats}"
     )
-    master = _qwen3.build_model(shape, dtype=dtype, model_path=args.model)
+    spec = dict(shape=shape, seed=0, dtype=dtype, model_path=args.model)
+    master = _qwen3.build_model(**spec)
     c = master.config
     print(
         f"model: {args.model or f'Qwen3 {shape} shape, random weights'}, {str(dtype).replace('torch.', '')}, "
         f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; prefill 1x{sizes[0]}, "
         f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
     )
-    ref = Workload(master, reference, dtype, sizes, c.vocab_size)
-    fl = Workload(master, "flagos", dtype, sizes, c.vocab_size)
+    ref = Workload(master, spec, reference, sizes, c.vocab_size)
+    fl = Workload(master, spec, "flagos", sizes, c.vocab_size)
     del master
 
     with tempfile.TemporaryDirectory() as tmp:

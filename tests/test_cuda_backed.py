@@ -236,3 +236,20 @@ def test_events_time_cuda_work():
     end.record()
     end.synchronize()
     assert start.elapsed_time(end) > 0.0
+
+
+def test_cuda_backward_beside_flagos_is_a_known_torch_limitation():
+    """torch_fl registers flagos as PyTorch's PrivateUse1 backend, which makes it torch's one accelerator;
+    torch's autograd engine then fails any backward over CUDA tensors with an internal assert
+    (pytorch/pytorch#161129). Backward on flagos works. docs/design.md says what to do; if this test starts
+    failing because the CUDA backward works, torch fixed it: drop the clean-process reference in
+    torch_fl/_qwen3.py and the note in the docs."""
+    x = torch.ones(4, device="flagos", requires_grad=True)
+    (x * 2).sum().backward()
+    assert x.grad.device.type == "flagos" and x.grad.cpu().tolist() == [2.0] * 4
+    y = torch.ones(4, device="cuda", requires_grad=True)
+    with pytest.raises(RuntimeError, match="opt_ready_stream && opt_parent_stream"):
+        (y * 2).sum().backward()
+    from torch_fl import _qwen3
+
+    assert not _qwen3.backward_runs_here("cuda")

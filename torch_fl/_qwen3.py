@@ -16,11 +16,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
 
-import torch_fl
+# torch_fl itself is imported where it is needed, not here: the reference's training runs in a process
+# that loads this file without ever importing torch_fl (see run_in_clean_process).
 
 SHAPES: dict[str, dict] = {
     # CI size: every tests/models run and the demo on the simulated accelerator take seconds on 2 cores.
@@ -108,6 +112,8 @@ TOLERANCES = {
 
 def reference_device() -> str:
     """The device flagos is compared with: ``cuda`` where flagos runs on CUDA, else ``cpu``."""
+    import torch_fl
+
     if torch.cuda.is_available() and torch_fl.accelerator() == "cuda":
         return "cuda"
     return "cpu"
@@ -339,11 +345,15 @@ def load_tokenizer(model_path):
 
 def routing_counts() -> dict[str, int] | None:
     """``torch_fl.routing.counts()`` ({backend: op calls}) where this build has it, else None."""
+    import torch_fl
+
     counts = getattr(torch_fl.routing, "counts", None)
     return dict(counts()) if counts is not None else None
 
 
 def reset_routing_counts() -> None:
+    import torch_fl
+
     reset = getattr(torch_fl.routing, "reset_counts", None)
     if reset is not None:
         reset()
@@ -356,3 +366,121 @@ def format_counts(counts: dict[str, int] | None) -> str:
     if not served:
         return "none"
     return ", ".join(f"{backend} {calls}" for backend, calls in sorted(served.items(), key=lambda kv: -kv[1]))
+
+
+# ---- Training, and the CUDA reference's training in a process of its own -------------------------------
+
+
+def train_step(model, optimizer, ids: torch.Tensor, *, autocast: bool = False):
+    """One step of causal-LM loss on ``ids`` (labels = inputs): forward (under bf16 autocast if asked),
+    backward, ``optimizer.step()``. Returns the model's output."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = model(ids, labels=ids)
+    out.loss.backward()
+    optimizer.step()
+    return out
+
+
+def train(
+    master,
+    device: str,
+    dtype: torch.dtype,
+    ids: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    foreach: bool,
+    autocast: bool = False,
+) -> dict:
+    """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype``. Returns plain data (it
+    crosses processes, see run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU),
+    ``logits_dtype`` of the last step and ``state_devices``, the device types of the optimizer's state."""
+    model = copy_to(master, device, dtype).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
+    ids = ids.to(device)
+    losses = []
+    for _ in range(steps):
+        out = train_step(model, optimizer, ids, autocast=autocast)
+        losses.append(out.loss.item())
+    state_devices = sorted(
+        {
+            t.device.type
+            for s in optimizer.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.dim()
+        }
+    )
+    weights = {name: p.detach().float().cpu() for name, p in model.named_parameters()}
+    return dict(losses=losses, weights=weights, logits_dtype=out.logits.dtype, state_devices=state_devices)
+
+
+def time_train_steps(master, device: str, ids: torch.Tensor, repeats: int) -> list[float]:
+    """Seconds per training step (forward, backward, foreach AdamW) of a copy of ``master`` on ``device``:
+    one warm-up step, then ``repeats`` timed ones."""
+    model = copy_to(master, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    ids = ids.to(device)
+    times = []
+    for i in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        train_step(model, optimizer, ids)
+        synchronize(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def backward_runs_here(device: str) -> bool:
+    """Whether a backward pass on ``device`` can run in this process.
+
+    Not on ``cuda`` once torch_fl is imported: registering flagos as PyTorch's PrivateUse1 backend makes it
+    torch's one accelerator (``torch.accelerator.current_accelerator()``), and torch's autograd engine
+    then finds no stream for autograd nodes on CUDA tensors and fails every CUDA backward with an internal
+    assert (``opt_ready_stream && opt_parent_stream``, engine.cpp; pytorch/pytorch#161129, a fix declined
+    upstream). Backward on flagos tensors is unaffected. So the CUDA reference trains in a process of its
+    own (run_in_clean_process)."""
+    if torch.device(device).type != "cuda":
+        return True
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is None or accelerator.type == "cuda"
+
+
+_CLEAN_PROCESS_MAIN = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_qwen3_clean_process", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+module._serve_clean_process(sys.argv[2], sys.argv[3])
+"""
+
+
+def run_in_clean_process(function: str, master: dict, **kwargs):
+    """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
+    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here).
+
+    Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
+    where there is one. The child's output goes to this process's stderr; a failure raises RuntimeError
+    with the child's exit code."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
+        request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
+        torch.save({"function": function, "master": master, "kwargs": kwargs}, request)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result],
+            stdout=sys.stderr,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{function} in a clean process failed with exit code {proc.returncode}")
+        return torch.load(result, weights_only=False)
+
+
+def _serve_clean_process(request_path: str, result_path: str) -> None:
+    request = torch.load(request_path, weights_only=False)
+    master = build_model(**request["master"])
+    result = globals()[request["function"]](master, **request["kwargs"])
+    assert "torch_fl" not in sys.modules, "the clean process imported torch_fl"
+    torch.save(result, result_path)
+    let_autograd_threads_finish()

@@ -10,31 +10,23 @@ from torch_fl import _qwen3
 pytest.importorskip("transformers", minversion="5.0")
 
 
-def train(master, device, dtype, ids, *, steps, lr, foreach, autocast=False):
-    """``steps`` AdamW steps of causal-LM loss on ``ids``; returns (losses, final weights on the CPU, the
-    dtype of the logits in the last step)."""
-    model = _qwen3.copy_to(master, device, dtype).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
-    ids = ids.to(device)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
-            out = model(ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        losses.append(out.loss.item())
-    state_devices = {
-        t.device.type for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()
-    }
-    assert state_devices == {torch.device(device).type}, f"optimizer state on {state_devices}"
-    weights = {name: p.detach().float().cpu() for name, p in model.named_parameters()}
-    return losses, weights, out.logits.dtype
+def train(qwen3, master, device, dtype, ids, **kw) -> dict:
+    """_qwen3.train on ``device``; where a backward on it cannot run in this process (cuda, once torch_fl
+    is imported: see _qwen3.backward_runs_here) in a fresh process that rebuilds the same master model."""
+    if _qwen3.backward_runs_here(device):
+        result = _qwen3.train(master, device, dtype, ids, **kw)
+    else:
+        spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)  # as the master_model fixture
+        result = _qwen3.run_in_clean_process("train", spec, device=device, dtype=dtype, ids=ids, **kw)
+    assert result["state_devices"] == [torch.device(device).type], (
+        f"optimizer state on {result['state_devices']}"
+    )
+    return result
 
 
 def check_tracks(reference, flagos, initial, tol, lr, elementwise: bool):
-    ref_losses, ref_w, _ = reference
-    fl_losses, fl_w, _ = flagos
+    ref_losses, ref_w = reference["losses"], reference["weights"]
+    fl_losses, fl_w = flagos["losses"], flagos["weights"]
     assert ref_losses[-1] < ref_losses[0], (
         f"the reference did not learn ({ref_losses}): the test would be vacuous"
     )
@@ -70,8 +62,8 @@ def train_ids(qwen3, master_model):
 def test_adamw_matches_reference(qwen3, master_model, train_ids, foreach):
     kw = dict(steps=qwen3.train_steps, lr=qwen3.lr, foreach=foreach)
     initial = {name: p.detach().to(qwen3.dtype).float() for name, p in master_model.named_parameters()}
-    reference = train(master_model, qwen3.reference, qwen3.dtype, train_ids, **kw)
-    flagos = train(master_model, "flagos", qwen3.dtype, train_ids, **kw)
+    reference = train(qwen3, master_model, qwen3.reference, qwen3.dtype, train_ids, **kw)
+    flagos = train(qwen3, master_model, "flagos", qwen3.dtype, train_ids, **kw)
     check_tracks(reference, flagos, initial, qwen3.tol, qwen3.lr, elementwise=True)
 
 
@@ -80,8 +72,22 @@ def test_bf16_autocast_training_tracks_reference(qwen3, master_model, train_ids)
     The two devices' autocast policies may differ in detail, so the bound is bf16's, not float32's."""
     kw = dict(steps=qwen3.train_steps, lr=qwen3.lr, foreach=True, autocast=True)
     initial = {name: p.detach().float() for name, p in master_model.named_parameters()}
-    reference = train(master_model, qwen3.reference, torch.float32, train_ids, **kw)
-    flagos = train(master_model, "flagos", torch.float32, train_ids, **kw)
-    assert flagos[2] == torch.bfloat16, "torch.autocast('flagos') did not run the model in bfloat16"
-    assert reference[2] == torch.bfloat16
+    reference = train(qwen3, master_model, qwen3.reference, torch.float32, train_ids, **kw)
+    flagos = train(qwen3, master_model, "flagos", torch.float32, train_ids, **kw)
+    assert flagos["logits_dtype"] == torch.bfloat16, (
+        "torch.autocast('flagos') did not run the model in bfloat16"
+    )
+    assert reference["logits_dtype"] == torch.bfloat16
     check_tracks(reference, flagos, initial, _qwen3.TOLERANCES[torch.bfloat16], qwen3.lr, elementwise=False)
+
+
+def test_training_in_a_clean_process_is_the_same_training(qwen3, master_model, train_ids):
+    """The clean process (how the CUDA reference trains beside flagos) rebuilds the same master model and
+    runs the same steps: on the CPU its result equals this process's."""
+    kw = dict(dtype=torch.float32, ids=train_ids, steps=2, lr=qwen3.lr, foreach=True)
+    here = _qwen3.train(master_model, "cpu", **kw)
+    spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)
+    there = _qwen3.run_in_clean_process("train", spec, device="cpu", **kw)
+    assert there["losses"] == pytest.approx(here["losses"], rel=1e-6)
+    for name, weight in here["weights"].items():
+        torch.testing.assert_close(there["weights"][name], weight, rtol=1e-5, atol=1e-6)
