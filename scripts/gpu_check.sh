@@ -50,9 +50,16 @@ if want sim; then
     --deselect tests/test_opinfo.py 2>&1 | tee "$LOGS/pytest-sim.log" | tail -15
 fi
 if want opinfo; then
-  echo "== OpInfo: flagos (cuda) against cuda, bitwise"
-  timeout 420 python3 -m tests.opinfo.harness --device-ref cuda --exact --dtypes float32,float64,bfloat16,int64,bool \
-    --out "$LOGS/opinfo-cuda.json" 2>&1 | tail -40 | tee "$LOGS/opinfo-cuda.log"
+  echo "== OpInfo: flagos (cuda) against cuda, bitwise, in ${OPINFO_SHARDS:=6} parallel shards"
+  for k in $(seq 0 $((OPINFO_SHARDS - 1))); do
+    timeout ${OPINFO_TIMEOUT:-400} python3 -m tests.opinfo.harness --device-ref cuda --exact \
+      --dtypes float32,float64,bfloat16,int64,bool --shard "$k/$OPINFO_SHARDS" \
+      --out "$LOGS/opinfo-cuda-$k.json" > "$LOGS/opinfo-cuda-$k.log" 2>&1 &
+  done
+  wait
+  python3 -m tests.opinfo.harness --merge "$LOGS"/opinfo-cuda-*.json --out "$LOGS/opinfo-cuda.json" \
+    2>&1 | tee "$LOGS/opinfo-cuda.log" | tail -40
+  rm -f "$LOGS"/opinfo-cuda-*.json "$LOGS"/opinfo-cuda-*.log
 fi
 if want bench; then
   echo "== benchmarks"

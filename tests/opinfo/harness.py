@@ -451,10 +451,23 @@ def main(argv: list[str] | None = None) -> int:
         help="run in this process (default: a worker process, restarted "
         "after a crash, which is recorded as an error of the (op, dtype) that was running)",
     )
+    parser.add_argument(
+        "--shard", default="0/1", help="K/N: run every N-th (op, dtype) pair from the K-th (parallel runs)"
+    )
+    parser.add_argument(
+        "--merge", nargs="+", metavar="JSON", help="combine the --out files of shards (then --out, summary)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON-lines output of a worker process
     parser.add_argument("--pair-start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     COMPARE["exact"] = args.exact
+    if args.merge:
+        return merge(args)
+    try:
+        shard, shards = (int(part) for part in args.shard.split("/"))
+        assert 0 <= shard < shards
+    except (ValueError, AssertionError):
+        parser.error(f"--shard {args.shard!r}: expected K/N with 0 <= K < N")
 
     dtypes = [parse_dtype(name) for name in args.dtypes.split(",") if name.strip()]
     db = load_op_db()
@@ -467,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     ops = [op for op in ops if op_key(op) not in skip]
 
     pairs = [(op, dtype) for op in ops for dtype in dtypes if dtype in supported_dtypes(op, args.device_ref)]
+    pairs = pairs[shard::shards]
     start = time.perf_counter()
     if args.worker:
         run_worker(pairs[args.pair_start :], args)
@@ -480,22 +494,44 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary, args.top)
     print(f"{len(results)} (op, dtype) pairs in {elapsed:.1f} s")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "command": " ".join(sys.argv),
-                    "torch": torch.__version__,
-                    "device": args.device,
-                    "device_ref": args.device_ref,
-                    "max_samples": args.max_samples,
-                    "exact": args.exact,
-                    "seconds": round(elapsed, 1),
-                    "summary": summary,
-                    "results": [asdict(r) for r in results],
-                },
-                f,
-                indent=1,
-            )
+        write_json(args.out, results, summary, elapsed, args)
+    if args.write_passing:
+        write_passing(args.write_passing, results, args)
+    return 0
+
+
+def write_json(path: str, results, summary, elapsed: float, args) -> None:
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "command": " ".join(sys.argv),
+                "torch": torch.__version__,
+                "device": args.device,
+                "device_ref": args.device_ref,
+                "max_samples": args.max_samples,
+                "exact": args.exact,
+                "seconds": round(elapsed, 1),
+                "summary": summary,
+                "results": [asdict(r) for r in results],
+            },
+            f,
+            indent=1,
+        )
+
+
+def merge(args) -> int:
+    """The shards' results as one run: summary printed, and --out / --write-passing written."""
+    results, elapsed = [], 0.0
+    for path in args.merge:
+        with open(path) as f:
+            data = json.load(f)
+        results.extend(OpDtypeResult(**r) for r in data["results"])
+        elapsed = max(elapsed, data["seconds"])
+    summary = summarize(results)
+    print_summary(summary, args.top)
+    print(f"{len(results)} (op, dtype) pairs from {len(args.merge)} shards, the longest {elapsed:.1f} s")
+    if args.out:
+        write_json(args.out, results, summary, elapsed, args)
     if args.write_passing:
         write_passing(args.write_passing, results, args)
     return 0
