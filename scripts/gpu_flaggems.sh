@@ -15,7 +15,7 @@
 # flaggems_sweep.md (the table for docs/flaggems.md) and flaggems_sweep.json.
 #
 # Limits (seconds), overridable: GEMS_PYTEST_S=150 GEMS_SWEEP_S=170 GEMS_OVERHEAD_S=45 GEMS_KERNELS_S=100;
-# GEMS_SWEEP_WORKERS=6. GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a
+# GEMS_SWEEP_WORKERS=6. GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the GPU). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a
 # machine without a GPU, where every step skips or says why).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,9 +64,11 @@ for f in flaggems_cuda.conf flaggems_sweep.md flaggems_sweep.json; do
 done
 rm -rf "$DIR/sweep" "$DIR/sweep.log"
 
-say "benchmark: route overhead (limit $OVERHEAD_S s)"
-timeout "$OVERHEAD_S" python3 benchmarks/flaggems_overhead.py --n 200 --repeats 3 2>&1 | tee -a "$LOG"
-say "benchmark: kernels at Qwen3-0.6B shapes (limit $KERNELS_S s)"
-timeout "$KERNELS_S" python3 benchmarks/flaggems_kernels.py --n 20 --repeats 3 2>&1 | tee -a "$LOG"
+if [ "${GEMS_BENCH:-1}" != 0 ]; then
+  say "benchmark: route overhead (limit $OVERHEAD_S s)"
+  timeout "$OVERHEAD_S" python3 benchmarks/flaggems_overhead.py --n 200 --repeats 3 2>&1 | tee -a "$LOG"
+  say "benchmark: kernels at Qwen3-0.6B shapes (limit $KERNELS_S s)"
+  timeout "$KERNELS_S" python3 benchmarks/flaggems_kernels.py --n 20 --repeats 3 2>&1 | tee -a "$LOG"
+fi
 say "done; outputs: $(ls "$DIR" | tr '\n' ' ')"
 exit "$pytest_status"  # the tests decide the exit status; the sweep and the benchmarks report in the log
