@@ -427,15 +427,10 @@ def _register(
 
 
 def routable_ops() -> list[str]:
-    """The ops with a flaggems implementation whose calls on flagos tensors reach the router (the names
-    worth routing: many of FlagGems' functional ops run a composite kernel on flagos that calls their
-    ``out`` overload instead). Loads FlagGems; [] when it is unavailable."""
+    """The ops with a flaggems implementation that a routing rule can send there: all but those flagos
+    has a kernel of its own for (copies, views, empty). Composite ops count: a rule naming one makes its
+    calls reach the router (ops/op_entry.h), and with flagos backed by CUDA most functional ops reach it
+    directly. Loads FlagGems; [] when it is unavailable."""
     if not load().available:
         return []
-    routable = []
-    for name in load().ops:
-        table = torch._C._dispatch_dump_table(name)
-        line = next((entry for entry in table.splitlines() if entry.startswith("PrivateUse1:")), "")
-        if "[backend fallback]" in line:
-            routable.append(name)
-    return routable
+    return [name for name in load().ops if _C._routing_is_routable(name)]

@@ -6,6 +6,7 @@
 #include <torch/csrc/Exceptions.h>
 
 #include "ops/fallback.h"
+#include "ops/op_entry.h"
 #include "ops/router.h"
 #include "python/bindings.h"
 
@@ -161,6 +162,13 @@ void bind_routing(py::module_& m) {
     END_HANDLE_TH_ERRORS_PYBIND
   });
   m.def("_routing_flaggems_ops", &ops::flaggems_ops);
+  // Whether a rule naming `op` makes its calls on flagos reach the router: all but flagos's own kernels
+  // (ops without a kernel, ops routed directly, and composite ops, which a rule reroutes; ops/op_entry.h).
+  m.def("_routing_is_routable", [](const std::string& op) {
+    HANDLE_TH_ERRORS
+    return ops::op_entry(ops::find_operator(op)) != ops::OpEntry::kOwnKernel;
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
   m.def("_routing_log_dispatch", &ops::dispatch_logging_enabled);
   m.def("_routing_route_for_cost_ns", [](const std::string& op, int64_t iterations) {
     HANDLE_TH_ERRORS
