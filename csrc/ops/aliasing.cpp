@@ -34,29 +34,46 @@ at::Tensor tensor_over(c10::Storage storage, c10::DeviceType type, const at::Ten
   return at::Tensor(std::move(impl));
 }
 
-// A storage of device type `type` viewing `storage`'s memory and keeping it alive. Resizable through
-// `allocator`, so out= arguments can grow (the grown memory is then the new storage's own).
-c10::Storage borrowed_storage(const c10::Storage& storage, c10::DeviceType type, c10::Allocator* allocator) {
-  // CPU is the one device without an index.
-  const c10::Device device(type, type == c10::DeviceType::CPU ? -1 : storage.device().index());
+// A storage on `device` viewing `storage`'s memory and keeping it alive. Resizable through `allocator`, so
+// out= arguments can grow (the grown memory is then the new storage's own).
+c10::Storage borrowed_storage(const c10::Storage& storage, c10::Device device, c10::Allocator* allocator) {
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), runtime::borrow(storage, device),
                       allocator, /*resizable=*/true);
 }
 
-// Whether native storage `s` holds memory of the backing allocator that nothing else references
-// (`holders` references are ours), so it can become flagos memory as it is.
-bool can_take_memory(const c10::Storage& s, size_t holders) {
-  return runtime::is_backed() && static_cast<size_t>(s.use_count()) <= holders &&
-         s.data_ptr().get_deleter() == runtime::backing_allocator().raw_deleter();
+// The device a native-device view of flagos `storage` is labelled with (CPU is the one without an index).
+c10::Device native_device_for(const c10::Storage& storage, c10::DeviceType type) {
+  return c10::Device(type, type == c10::DeviceType::CPU ? -1 : storage.device().index());
 }
 
-// Takes the memory out of native storage `s` (left empty), relabelled as flagos memory. The backing
+// Whether native storage `s` holds flagos memory: from the backing allocator (backed), or handed to a host
+// kernel by the flagos allocator (simulated accelerator, runtime::HostKernelAllocations).
+bool holds_flagos_memory(const c10::Storage& s) {
+  return s.data_ptr().get_deleter() == runtime::device_allocator()->raw_deleter();
+}
+
+// Whether native storage `s` holds flagos memory that nothing else references (`holders` references are
+// ours), so it can become a flagos storage's memory as it is.
+bool can_take_memory(const c10::Storage& s, size_t holders) {
+  return static_cast<size_t>(s.use_count()) <= holders && holds_flagos_memory(s);
+}
+
+// The flagos device of flagos memory held by native storage `s`: the backing device's index, or the
+// device the flagos allocator handed the block out on (host-kernel memory is labelled CPU).
+c10::Device flagos_device_of(const c10::Storage& s, c10::Device fallback) {
+  if (runtime::is_backed()) return c10::Device(kFlagos, s.device().index());
+  return c10::Device(kFlagos, runtime::owned_memory_device(s.data_ptr()).value_or(fallback.index()));
+}
+
+// Takes the memory out of native storage `s` (left empty), relabelled as flagos memory of `device`. The
 // allocator keeps tracking the block: the DataPtr keeps its deleter and context.
-c10::DataPtr take_memory(const c10::Storage& s) {
+c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
   c10::StorageImpl* impl = s.unsafeGetStorageImpl();
   c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, s.device()));
   impl->set_nbytes(0);
-  return runtime::relabel_as_flagos(std::move(data));
+  if (runtime::is_backed()) return runtime::relabel_as_flagos(std::move(data));
+  data.unsafe_set_device(device);
+  return data;
 }
 
 bool is_optional_generator(const c10::Argument& arg) {
@@ -193,7 +210,8 @@ class AliasScope {
     for (AliasedStorage& s : storages_) {
       if (s.flagos.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) return s.native;
     }
-    c10::Storage native = borrowed_storage(storage, native_type_, c10::GetAllocator(native_type_));
+    c10::Storage native =
+        borrowed_storage(storage, native_device_for(storage, native_type_), c10::GetAllocator(native_type_));
     storages_.push_back({storage, native});
     return native;
   }
@@ -202,25 +220,28 @@ class AliasScope {
     return device_.value_or(c10::Device(kFlagos, runtime::current_device()));
   }
 
-  // A result the kernel allocated itself. On a backed accelerator its memory comes from the pool flagos
-  // uses too, so it becomes flagos memory as it is: moved when nothing else holds it, else borrowed. On the
-  // simulated accelerator CPU-kernel memory is not flagos (HAL) memory, so the values are copied.
+  // A result the kernel allocated itself. Its memory is flagos memory when flagos is backed (the pool both
+  // use) and, on the simulated accelerator, when the host kernel allocated it inside the route's
+  // HostKernelAllocations scope (flagos memory labelled CPU): it becomes a flagos storage's memory as it
+  // is, moved when nothing else holds it, else borrowed. Anything else on sim (CPU memory that a thread
+  // pool worker allocated, a CPU argument returned) is not HAL memory, so its values are copied.
   at::Tensor adopt_fresh(const at::Tensor& out) {
-    if (!runtime::is_backed()) {
+    const c10::Storage& native = out.storage();
+    if (!runtime::is_backed() && !holds_flagos_memory(native)) {
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
       result.copy_(out);
       return result;
     }
-    const c10::Storage& native = out.storage();
+    const c10::Device device = flagos_device_of(native, flagos_target());
     c10::Storage flagos;
     if (can_take_memory(native, /*holders=*/1)) {
       const size_t nbytes = native.nbytes();
-      flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(native),
+      flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(native, device),
                             runtime::device_allocator(), /*resizable=*/true);
     } else {
       // Shared (several outputs view it): borrow it, and remember it so the other outputs map onto it.
-      flagos = borrowed_storage(native, kFlagos, runtime::device_allocator());
+      flagos = borrowed_storage(native, device, runtime::device_allocator());
       storages_.push_back({flagos, native});
     }
     return tensor_over(std::move(flagos), kFlagos, out);
@@ -232,8 +253,9 @@ class AliasScope {
     if (can_take_memory(out.storage(), /*holders=*/2)) {
       // Every flagos view of the storage sees the new memory, as after resize_ on a native device.
       const size_t nbytes = out.storage().nbytes();
+      const c10::Device device = flagos_device_of(out.storage(), flagos.device());
       c10::StorageImpl* target = flagos.storage().unsafeGetStorageImpl();
-      target->set_data_ptr_noswap(take_memory(out.storage()));
+      target->set_data_ptr_noswap(take_memory(out.storage(), device));
       target->set_nbytes(nbytes);
       flagos.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       return;
@@ -258,14 +280,17 @@ c10::DeviceType native_device_type() {
 at::Tensor alias_as_native(const at::Tensor& flagos) {
   TORCH_CHECK(flagos.device().type() == kFlagos, "expected a flagos tensor, got one on ", flagos.device());
   const c10::DeviceType type = native_device_type();
-  return tensor_over(borrowed_storage(flagos.storage(), type, c10::GetAllocator(type)), type, flagos);
+  return tensor_over(
+      borrowed_storage(flagos.storage(), native_device_for(flagos.storage(), type), c10::GetAllocator(type)),
+      type, flagos);
 }
 
 at::Tensor adopt_native(const at::Tensor& native) {
   const c10::DeviceType type = native_device_type();
   TORCH_CHECK(native.device().type() == type, "expected a tensor on the flagos accelerator's native device (",
               c10::DeviceTypeName(type, true), "), got one on ", native.device());
-  return tensor_over(borrowed_storage(native.storage(), kFlagos, runtime::device_allocator()), kFlagos,
+  const c10::Device device(kFlagos, native.device().index());
+  return tensor_over(borrowed_storage(native.storage(), device, runtime::device_allocator()), kFlagos,
                      native);
 }
 
@@ -290,6 +315,9 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
                        "flagos_stream_synchronize");
   }
   try {
+    // Host kernels allocate flagos memory (labelled CPU) for their outputs, which are then adopted as they
+    // are; their temporaries go back to the flagos cache. Nothing when backed.
+    const runtime::HostKernelAllocations host_kernel_allocations;
     run(stack);
   } catch (c10::Error& e) {
     e.add_context(std::string("while running ") + schema.operator_name().name +

@@ -1,6 +1,7 @@
 #include "runtime/allocator.h"
 
 #include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -140,6 +142,13 @@ class AllocatorState {
     }
     block->stream_uses.clear();
     if (block->pending_events == 0) return_to_cache(st, block);
+  }
+
+  std::optional<c10::DeviceIndex> device_of(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(const_cast<void*>(ptr));
+    if (it == live_.end()) return std::nullopt;
+    return it->second->device;
   }
 
   void record_stream(const c10::DataPtr& data_ptr, const c10::Stream& stream) {
@@ -329,7 +338,58 @@ void free_ptr(void* ptr) {
   allocator_state().free(ptr);
 }
 
+// Depth of HostKernelAllocations scopes on this thread.
+thread_local int t_host_kernel_scopes = 0;
+
+// The CPU allocator while torch_fl is loaded: the original one, except on a thread inside a
+// HostKernelAllocations scope, which gets flagos memory labelled as CPU memory. The DataPtrs keep their own
+// deleters (free_ptr for flagos memory), so a CPU tensor frees its memory correctly whichever thread or
+// scope it dies in; and checking a thread-local int is all it adds to other CPU allocations.
+class HostKernelCpuAllocator final : public c10::Allocator {
+ public:
+  explicit HostKernelCpuAllocator(c10::Allocator* base) { base_ = base; }
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (t_host_kernel_scopes == 0) return base_->allocate(nbytes);
+    c10::DataPtr data = allocator_state().allocate(nbytes);
+    data.unsafe_set_device(c10::Device(c10::DeviceType::CPU));
+    return data;
+  }
+
+  // raw_allocate/raw_deallocate users (ideep's allocator) may free outside the scope memory allocated
+  // inside it, or the reverse: the raw deleter asks the flagos allocator whether the pointer is its own.
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter() ? &raw_free : nullptr; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  static void raw_free(void* ptr) {
+    if (ptr != nullptr && allocator_state().device_of(ptr).has_value()) {
+      free_ptr(ptr);
+    } else {
+      base_->raw_deleter()(ptr);
+    }
+  }
+
+  static inline c10::Allocator* base_ = nullptr;  // one instance, created at load
+};
+
 }  // namespace
+
+HostKernelAllocations::HostKernelAllocations() : active_(!is_backed()) {
+  if (active_) ++t_host_kernel_scopes;
+}
+
+HostKernelAllocations::~HostKernelAllocations() {
+  if (active_) --t_host_kernel_scopes;
+}
+
+std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr) {
+  if (is_backed() || ptr.get_deleter() != &free_ptr || ptr.get() == nullptr) return std::nullopt;
+  return allocator_state().device_of(ptr.get());
+}
 
 size_t CachingDeviceAllocator::rounded_size(size_t nbytes) {
   const size_t rounding = nbytes <= kSmallSize ? kMinBlockSize : kLargeRounding;
@@ -385,7 +445,11 @@ void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream s
     backing_allocator().recordStream(owner != nullptr ? owner->data_ptr() : ptr, to_backing(stream));
     return;
   }
-  allocator_state().record_stream(ptr, stream);
+  // A flagos view of memory another storage owns (an adopted host-kernel output several results share,
+  // a flagos alias of a flagos tensor): the block is the owner's.
+  const c10::DataPtr* data = &ptr;
+  while (const c10::Storage* owner = borrowed_from(*data)) data = &owner->data_ptr();
+  allocator_state().record_stream(*data, stream);
 }
 
 c10::CachingDeviceAllocator::DeviceStats CachingDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -468,7 +532,13 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
 namespace {
 // REGISTER_ALLOCATOR needs an object of static storage duration; this one forwards to the leaked state.
 struct RegisterAllocator {
-  RegisterAllocator() { c10::SetAllocator(c10::DeviceType::PrivateUse1, device_allocator()); }
+  RegisterAllocator() {
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, device_allocator());
+    // Wrapped once, at load (before threads run ops): HostKernelAllocations relies on it. Leaked like the
+    // allocator state. If another library holds the CPU allocator at a higher priority, the wrapper is not
+    // installed and the native route copies fresh host-kernel outputs into flagos memory instead.
+    c10::SetCPUAllocator(new HostKernelCpuAllocator(c10::GetCPUAllocator()));
+  }
 } register_allocator;
 }  // namespace
 

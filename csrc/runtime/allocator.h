@@ -7,6 +7,8 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
+#include <optional>
+
 namespace flagos::runtime {
 
 class CachingDeviceAllocator : public c10::DeviceAllocator {
@@ -29,6 +31,29 @@ class CachingDeviceAllocator : public c10::DeviceAllocator {
 };
 
 CachingDeviceAllocator* device_allocator();
+
+// Host kernels that allocate flagos memory (the simulated accelerator's native route, ops/aliasing.cpp).
+// While an object of this class lives on a thread, the CPU allocator (c10::GetCPUAllocator(), through
+// which CPU kernels allocate their outputs and temporaries) hands that thread flagos memory of the current
+// flagos device and stream, labelled as CPU memory: on sim device memory is host memory, so a CPU kernel
+// can use it as it is, and the route adopts a fresh output as a flagos tensor without a copy. Other threads,
+// and this thread outside the scope, get the CPU allocator's own memory. Thread-safe: the scope is a
+// thread-local depth; the CPU allocator is wrapped once, when the extension loads. Does nothing when flagos
+// is backed by a torch device type (whose kernels allocate from the flagos pool already).
+class HostKernelAllocations {
+ public:
+  HostKernelAllocations();
+  ~HostKernelAllocations();
+  HostKernelAllocations(const HostKernelAllocations&) = delete;
+  HostKernelAllocations& operator=(const HostKernelAllocations&) = delete;
+
+ private:
+  bool active_;
+};
+
+// The flagos device of memory this allocator handed out (whatever its DataPtr's device label), or nullopt
+// when `ptr` is not a live allocation of this (non-backed) allocator.
+std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr);
 
 // Gives a flagos storage `new_bytes` of fresh memory, keeping min(old, new) bytes of its content. The copy
 // is ordered on the current stream, and the old memory is fenced on that stream before it is released.

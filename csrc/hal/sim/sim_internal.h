@@ -7,6 +7,7 @@
 
 #include <flagos/hal.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -54,11 +55,18 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   // Fails only when the stream is being destroyed or no worker thread can be started.
   flagos_status_t enqueue(std::function<void()> task);
-  // Returns once everything queued before the call has run.
+  // Runs `task` now on the calling thread when the stream has nothing queued or running (as if its worker
+  // had picked it up at once), keeping stream order: work queued meanwhile waits for it. Returns false,
+  // having run nothing, when the stream is busy, being destroyed, or FLAGOS_SIM_STREAM_DELAY_US is set
+  // (delayed tasks must stay pending, so that missing synchronisation stays observable).
+  template <typename Task>
+  bool run_if_idle(Task&& task);
+  // Returns once everything queued before the call has run. Without a lock when nothing is pending.
   void synchronize();
   bool idle();
   // Lets the worker exit once the queue is drained; no more work may be enqueued.
   void close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
 
  private:
   void run_worker();
@@ -70,11 +78,35 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
   std::deque<std::function<void()>> queue_;
-  uint64_t enqueued_ = 0;
-  uint64_t completed_ = 0;
+  // Written under mutex_; atomic so that synchronize() and idle() can see an idle stream without it.
+  std::atomic<uint64_t> enqueued_{0};
+  std::atomic<uint64_t> completed_{0};
+  bool running_inline_ = false;  // a run_if_idle task is running: the worker must not start the next one
   bool worker_started_ = false;
   bool closing_ = false;
+  std::atomic<bool> closed_{false};  // closing_, readable without the lock
 };
+
+template <typename Task>
+bool Stream::run_if_idle(Task&& task) {
+  if (config().stream_delay.count() > 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closing_ || running_inline_ || !queue_.empty() ||
+        completed_.load(std::memory_order_relaxed) != enqueued_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    running_inline_ = true;
+    enqueued_.fetch_add(1, std::memory_order_relaxed);
+  }
+  task();
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_inline_ = false;
+  completed_.fetch_add(1, std::memory_order_release);
+  work_done_.notify_all();
+  if (!queue_.empty() || closing_) work_ready_.notify_one();
+  return true;
+}
 
 // Resolves a handle (NULL = default stream of the current device) to a live stream.
 flagos_status_t resolve_stream(flagos_stream_t handle, std::shared_ptr<Stream>* stream);

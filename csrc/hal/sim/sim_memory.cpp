@@ -14,6 +14,11 @@ namespace {
 constexpr unsigned char kFreedPoison = 0xCD;
 // Poisoning is a memset; above this size it would make frees noticeably slow.
 constexpr size_t kMaxPoisonBytes = size_t{16} << 20;
+// Async copies and memsets up to this size run at once on the calling thread when their stream is idle
+// (Stream::run_if_idle): handing a few bytes to the worker thread and waking it costs more than the copy,
+// and the host kernel that usually follows would wait for that round trip. Larger ones stay asynchronous,
+// so that callers can overlap them with host work.
+constexpr size_t kMaxInlineBytes = size_t{256} << 10;
 
 struct MemoryTable {
   std::mutex mutex;
@@ -270,6 +275,9 @@ FLAGOS_HAL_API flagos_status_t flagos_memcpy_async(void* dst, const void* src, s
     std::memmove(dst, src, size);
     return FLAGOS_SUCCESS;
   }
+  if (size <= kMaxInlineBytes && target->run_if_idle([&] { std::memmove(dst, src, size); })) {
+    return FLAGOS_SUCCESS;
+  }
   return target->enqueue([dst, src, size, keep_dst = std::move(plan.dst), keep_src = std::move(plan.src)] {
     std::memmove(dst, src, size);
   });
@@ -296,6 +304,9 @@ FLAGOS_HAL_API flagos_status_t flagos_memset_async(void* ptr, int value, size_t 
   std::shared_ptr<Block> block;
   if (flagos_status_t status = resolve_device_side(ptr, size, "ptr", &block); status != FLAGOS_SUCCESS) {
     return status;
+  }
+  if (size <= kMaxInlineBytes && target->run_if_idle([&] { std::memset(ptr, value, size); })) {
+    return FLAGOS_SUCCESS;
   }
   return target->enqueue([ptr, value, size, keep = std::move(block)] { std::memset(ptr, value, size); });
 }

@@ -35,7 +35,20 @@ flagos_stream_t default_handle(int device) {
 }
 
 flagos_status_t find_stream(flagos_stream_t handle, std::shared_ptr<Stream>* stream) {
+  // The stream this thread resolved last, so that the per-op calls on the current stream skip the
+  // registry's lock. Handles are never reused, so the same handle is the same stream until it is destroyed
+  // (closed), and then the registry answers.
+  thread_local flagos_stream_t last_handle = nullptr;
+  thread_local std::shared_ptr<Stream> last;
+  if (handle == last_handle && last != nullptr && !last->closed()) {
+    *stream = last;
+    return FLAGOS_SUCCESS;
+  }
   *stream = stream_table().live.find(handle);
+  if (*stream != nullptr) {
+    last_handle = handle;
+    last = *stream;
+  }
   if (*stream == nullptr) return detail::invalid_handle("stream", handle);
   return FLAGOS_SUCCESS;
 }
@@ -61,25 +74,29 @@ flagos_status_t Stream::enqueue(std::function<void()> task) {
     worker_started_ = true;
   }
   queue_.push_back(std::move(task));
-  ++enqueued_;
-  work_ready_.notify_one();
+  enqueued_.fetch_add(1, std::memory_order_relaxed);
+  if (!running_inline_) work_ready_.notify_one();
   return FLAGOS_SUCCESS;
 }
 
 void Stream::synchronize() {
+  // Everything this thread queued (or saw queued) is counted in enqueued_; tasks complete in order, and the
+  // acquire load of completed_ makes their effects visible. So an idle stream costs two loads.
+  const uint64_t ticket = enqueued_.load(std::memory_order_acquire);
+  if (completed_.load(std::memory_order_acquire) >= ticket) return;
   std::unique_lock<std::mutex> lock(mutex_);
-  uint64_t ticket = enqueued_;
-  work_done_.wait(lock, [&] { return completed_ >= ticket; });
+  work_done_.wait(lock, [&] { return completed_.load(std::memory_order_relaxed) >= ticket; });
 }
 
 bool Stream::idle() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ == enqueued_;
+  const uint64_t ticket = enqueued_.load(std::memory_order_acquire);
+  return completed_.load(std::memory_order_acquire) >= ticket;
 }
 
 void Stream::close() {
   std::lock_guard<std::mutex> lock(mutex_);
   closing_ = true;
+  closed_.store(true, std::memory_order_release);
   work_ready_.notify_one();
 }
 
@@ -87,7 +104,8 @@ void Stream::run_worker() {
   const std::chrono::microseconds delay = config().stream_delay;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    work_ready_.wait(lock, [&] { return !queue_.empty() || closing_; });
+    // Not while a run_if_idle task runs: it was queued first.
+    work_ready_.wait(lock, [&] { return !running_inline_ && (!queue_.empty() || closing_); });
     if (queue_.empty()) return;
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
@@ -100,7 +118,7 @@ void Stream::run_worker() {
     }
     task = nullptr;  // drop captured memory references before the task counts as complete
     lock.lock();
-    ++completed_;
+    completed_.fetch_add(1, std::memory_order_release);
     work_done_.notify_all();
   }
 }
