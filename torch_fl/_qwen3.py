@@ -164,28 +164,10 @@ def build_model(shape: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torc
 
 
 def copy_to(model, device: str | torch.device, dtype: torch.dtype | None = None):
-    """A deep copy of ``model`` on ``device`` with its tied parameters still tied.
-
-    ``Module.to("flagos")`` replaces every parameter by a new object, so parameters shared between
-    modules (Qwen3's tied embeddings) come out as two separate tensors: torch keeps a parameter's
-    identity across devices only where ``torch._has_compatible_shallow_copy_type`` says the two tensors
-    are compatible, which it does not for PrivateUse1 until the plugin registers that operator (a C++
-    change; ``tests/models/test_qwen3_checkpoint.py`` has a strict xfail for it). Until then the ties
-    are restored here; a no-op where ``.to`` kept them.
-    """
-    model = copy.deepcopy(model)
-    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            shared.setdefault(id(param), []).append((module, name))
-    model.to(device=device, dtype=dtype)
-    for places in shared.values():
-        owner, name = places[0]
-        param = getattr(owner, name)
-        for module, other in places[1:]:
-            if getattr(module, other) is not param:
-                setattr(module, other, param)
-    return model
+    """A deep copy of ``model`` on ``device`` (and ``dtype``). ``Module.to`` keeps parameter objects
+    between CPU and flagos (flagos registers ``aten::_has_compatible_shallow_copy_type``), so tied
+    parameters (Qwen3's embeddings) stay tied."""
+    return copy.deepcopy(model).to(device=device, dtype=dtype)
 
 
 def synchronize(device: str | torch.device) -> None:

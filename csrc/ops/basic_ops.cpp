@@ -139,6 +139,23 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
+// Whether `var.data = tensor` may turn var's TensorImpl into one like tensor's. torch says yes between its
+// own dense devices (CPU <-> CUDA) and leaves PrivateUse1 out; flagos tensors are plain dense TensorImpls
+// like theirs, so the same rule extends to flagos. Module.to() keeps parameter objects (so ties between
+// modules, and optimizers holding the parameters) exactly where this is true, as it does for cuda.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  // torch's own test of "dense" (c10/core/TensorImpl.h), with PrivateUse1 among the backends.
+  auto is_dense = [](c10::DispatchKeySet keys) {
+    constexpr c10::DispatchKeySet backends(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit, c10::BackendComponent::MPSBit,
+         c10::BackendComponent::HIPBit, c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+    return keys.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && keys.has_any(backends);
+  };
+  return is_dense(self.key_set()) && is_dense(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
@@ -152,6 +169,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", TORCH_FN(set_empty_));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+}
+
+// The op returns a bool, nothing to differentiate: answered at the autograd key too, rather than through
+// torch's autograd fallback for PrivateUse1 (its CompositeImplicitAutograd kernel no longer serves that key
+// once PrivateUse1 has a kernel of its own).
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/attention.h"
 #include "ops/op_entry.h"
 #include "ops/router_internal.h"
 #include "runtime/hal_runtime.h"
@@ -697,6 +698,8 @@ std::string explain(const std::string& op) {
   }
   const std::string note = op_entry_note(handle, d.rule.has_value());
   if (!note.empty()) text += "; note: " + note;
+  const std::string attention = attention_note(handle.operator_name());
+  if (!attention.empty()) text += "; note: " + attention;
   return text;
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "ops/aliasing.h"
+#include "ops/attention.h"
 #include "ops/op_entry.h"
 #include "python/bindings.h"
 #include "runtime/allocator.h"
@@ -148,7 +149,10 @@ PYBIND11_MODULE(_C, m) {
     init_backing();
     static std::once_flag routed_once;
     if (is_backed()) {
-      std::call_once(routed_once, [] { flagos::ops::route_backed_kernels_directly(backing_dispatch_key()); });
+      std::call_once(routed_once, [] {
+        flagos::ops::route_backed_kernels_directly(backing_dispatch_key());
+        flagos::ops::register_backed_attention_kernels();
+      });
     }
   });
   // The torch device type backing flagos ("cuda"), or None when flagos runs its own runtime.

@@ -72,11 +72,6 @@ def test_torch_save_load_map_location_flagos(tmp_path, qwen3, master_model, sour
         assert torch.equal(on_cpu[name], tensor.to(qwen3.dtype)), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="C++: flagos does not register aten::_has_compatible_shallow_copy_type, so Module.to('flagos') "
-    "replaces parameters instead of moving them and tied weights come apart (_qwen3.copy_to re-ties)",
-)
 def test_module_to_flagos_keeps_tied_weights(master_model):
     import copy
 

@@ -1,0 +1,206 @@
+// Fused scaled-dot-product attention on flagos (see ops/attention.h).
+//
+// torch's composite scaled_dot_product_attention calls `_fused_sdp_choice_stub` for the query's device
+// type when that stub has a kernel for it, and otherwise runs the math decomposition. flagos's kernel of
+// the stub calls the *operator* aten::_fused_sdp_choice on the flagos tensors, which reaches the router like
+// any op without a flagos kernel: on the native route the native device decides on zero-copy aliases, with
+// its own rules (dtypes, shapes, masks, dropout, GQA, the hardware) and torch's global SDPA settings
+// (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_*_sdp), exactly as for its own tensors. The
+// composite then calls the chosen fused op on the flagos tensors, which the router serves in turn, and
+// autograd records that op, so the backward op is routed too.
+#include "ops/attention.h"
+
+#include <ATen/SDPBackend.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <optional>
+
+#include "ops/aliasing.h"
+#include "ops/router.h"
+#include "runtime/native_backing.h"
+
+namespace flagos::ops {
+namespace {
+
+using at::SDPBackend;
+using at::Tensor;
+
+// Set once the overrideable kernels are registered (device initialisation, before any op runs on flagos).
+std::atomic<bool> g_flash_kernels_registered{false};
+
+std::optional<c10::OperatorHandle> find_op(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchema({name, overload});
+}
+
+// Whether `op`, called on flagos tensors, runs where the router sends it. The cpu route can only run ops
+// the CPU has a kernel for; the CUDA attention kernels have none, so a config sending one of them to cpu
+// makes flagos choose the math decomposition (whose ops are routed on their own) instead of failing.
+// An op this torch lacks does not veto the choice: the native device chose it, so it exists there.
+bool runs_where_routed(const std::optional<c10::OperatorHandle>& op) {
+  if (!op.has_value()) return true;
+  return route_for(*op) != Backend::kCpu || op->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+struct FusedOps {
+  std::optional<c10::OperatorHandle> forward;
+  std::optional<c10::OperatorHandle> backward;
+};
+
+// The ops torch's composite (and autograd) call on flagos tensors for a choice; looked up once.
+const FusedOps& fused_ops(SDPBackend backend, bool cuda_flash) {
+  static const FusedOps cpu_flash{find_op("aten::_scaled_dot_product_flash_attention_for_cpu"),
+                                  find_op("aten::_scaled_dot_product_flash_attention_for_cpu_backward")};
+  static const FusedOps flash{find_op("aten::_scaled_dot_product_flash_attention"),
+                              find_op("aten::_scaled_dot_product_flash_attention_backward")};
+  static const FusedOps efficient{find_op("aten::_scaled_dot_product_efficient_attention"),
+                                  find_op("aten::_scaled_dot_product_efficient_attention_backward")};
+  static const FusedOps cudnn{find_op("aten::_scaled_dot_product_cudnn_attention"),
+                              find_op("aten::_scaled_dot_product_cudnn_attention_backward")};
+  switch (backend) {
+    case SDPBackend::flash_attention:
+      return cuda_flash ? flash : cpu_flash;
+    case SDPBackend::efficient_attention:
+      return efficient;
+    default:
+      return cudnn;
+  }
+}
+
+int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value,
+                         const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  static const c10::OperatorHandle choice_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::_fused_sdp_choice", "");
+  // Through the dispatcher, so that the router serves it (and routing rules, explain, counts and the
+  // dispatch log apply to the choice too).
+  const int64_t choice =
+      at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  const auto backend = static_cast<SDPBackend>(choice);
+  if (backend != SDPBackend::flash_attention && backend != SDPBackend::efficient_attention &&
+      backend != SDPBackend::cudnn_attention) {
+    return choice;  // math (or a device's overrideable, or error): the composite handles it as it is
+  }
+  // "flash" means the CPU's flash kernel when the CPU decided (the choice routed to cpu), CUDA's when the
+  // native device (or a Python implementation on native aliases) did.
+  const bool cuda_flash = backend == SDPBackend::flash_attention &&
+                          native_device_type() == c10::DeviceType::CUDA &&
+                          route_for(choice_op) != Backend::kCpu;
+  const FusedOps& ops = fused_ops(backend, cuda_flash);
+  if (!runs_where_routed(ops.forward) || !runs_where_routed(ops.backward) ||
+      (cuda_flash && !g_flash_kernels_registered.load(std::memory_order_acquire))) {
+    return static_cast<int64_t>(SDPBackend::math);
+  }
+  return static_cast<int64_t>(cuda_flash ? SDPBackend::overrideable : backend);
+}
+
+// ---- CUDA flash through aten::_scaled_dot_product_fused_attention_overrideable ----------------------------
+// These kernels do for flagos what the composite does for CUDA tensors in its flash case: pad the head
+// dimension to a multiple of 8 (flash's requirement), call the flash op with the scale of the unpadded
+// head dimension, and slice the output back. The flash ops themselves are routed like any other op.
+// Dropout: the CUDA fused kernels take no generator argument and draw from CUDA's default generator, on
+// flagos as on cuda (their seed and offset outputs come from it); torch.flagos.manual_seed does not govern
+// them. Swapping generator states around the call would race with random ops on cuda in other threads.
+
+int64_t pad_to_8(int64_t size) {
+  return size % 8 == 0 ? 0 : 8 - size % 8;
+}
+
+Tensor pad_last_dim(const Tensor& t, int64_t pad) {
+  return pad == 0 ? t : at::constant_pad_nd(t, {0, pad}, 0);
+}
+
+Tensor unpad_last_dim(const Tensor& t, int64_t size) {
+  return t.defined() && t.size(-1) != size ? t.slice(-1, 0, size) : t;
+}
+
+double softmax_scale(const Tensor& query, const c10::IValue& scale) {
+  return scale.isNone() ? 1.0 / std::sqrt(static_cast<double>(query.size(-1))) : scale.toDouble();
+}
+
+const c10::OperatorHandle& flash_op(bool backward) {
+  static const c10::OperatorHandle forward =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::_scaled_dot_product_flash_attention", "");
+  static const c10::OperatorHandle grad = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "aten::_scaled_dot_product_flash_attention_backward", "");
+  return backward ? grad : forward;
+}
+
+// (query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, *, scale) ->
+// (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug_attn_mask)
+void flash_overrideable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 8);
+  const Tensor& query = args[0].toTensor();
+  TORCH_CHECK(args[3].isNone() || !args[3].toTensor().defined(),
+              "flagos runs CUDA flash attention for _scaled_dot_product_fused_attention_overrideable, which "
+              "takes no attn_bias");
+  const int64_t head_dim = query.size(-1);
+  const int64_t pad = pad_to_8(head_dim);
+  torch::jit::Stack call;
+  call.reserve(9);
+  torch::jit::push(call, pad_last_dim(query, pad), pad_last_dim(args[1].toTensor(), pad),
+                   pad_last_dim(args[2].toTensor(), pad), args[4], args[5], args[6],
+                   std::optional<double>(softmax_scale(query, args[7])));
+  flash_op(/*backward=*/false).callBoxed(call);
+  call[0] = unpad_last_dim(call[0].toTensor(), head_dim);
+  torch::jit::drop(*stack, 8);
+  stack->insert(stack->end(), std::make_move_iterator(call.begin()), std::make_move_iterator(call.end()));
+}
+
+// (grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+//  max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale) -> (grad_q, grad_k, grad_v, grad_bias)
+void flash_overrideable_backward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 17);
+  const Tensor& query = args[1].toTensor();
+  const int64_t head_dim = query.size(-1);
+  const int64_t pad = pad_to_8(head_dim);
+  // The output's padded columns are exact zeros (value's padding is zeros), as the padded output that
+  // autograd keeps for CUDA tensors; the gradient's are zeros as slicing's backward makes them.
+  torch::jit::Stack call;
+  call.reserve(15);
+  torch::jit::push(call, pad_last_dim(args[0].toTensor(), pad), pad_last_dim(query, pad),
+                   pad_last_dim(args[2].toTensor(), pad), pad_last_dim(args[3].toTensor(), pad),
+                   pad_last_dim(args[6].toTensor(), pad));
+  for (size_t i = 7; i <= 15; ++i) call.push_back(args[i]);
+  call.emplace_back(std::optional<double>(softmax_scale(query, args[16])));
+  flash_op(/*backward=*/true).callBoxed(call);
+  torch::jit::drop(*stack, 17);
+  for (size_t i = 0; i < 3; ++i) stack->emplace_back(unpad_last_dim(call[i].toTensor(), head_dim));
+  stack->emplace_back(Tensor());  // flash takes no attn_bias
+}
+
+}  // namespace
+
+void register_backed_attention_kernels() {
+  if (native_device_type() != c10::DeviceType::CUDA) return;
+  // Leaked: the registrations stay for the process (ops may run during static destruction).
+  auto* lib =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  lib->impl("_scaled_dot_product_fused_attention_overrideable",
+            torch::CppFunction::makeFromBoxedFunction<&flash_overrideable>());
+  lib->impl("_scaled_dot_product_fused_attention_overrideable_backward",
+            torch::CppFunction::makeFromBoxedFunction<&flash_overrideable_backward>());
+  g_flash_kernels_registered.store(true, std::memory_order_release);
+}
+
+std::string attention_note(const c10::OperatorName& name) {
+  if (name.name != "aten::scaled_dot_product_attention" || !name.overload_name.empty()) return "";
+  return "its composite asks aten::_fused_sdp_choice (routed) which fused kernel the native device would run "
+         "for the call, then runs that op (routed; on CUDA its flash attention through "
+         "aten::_scaled_dot_product_fused_attention_overrideable), or its math decomposition when the "
+         "answer is math or the fused op is routed where it cannot run";
+}
+
+}  // namespace flagos::ops
+
+// The stub is torch's; its PrivateUse1 slot must be filled from inside torch's namespace.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &flagos::ops::fused_sdp_choice)
+}  // namespace at::native
