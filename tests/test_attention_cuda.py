@@ -1,5 +1,7 @@
 """Scaled-dot-product attention on flagos backed by torch's CUDA: flagos picks the fused backend cuda picks
-(flash for bf16 on an H200), runs the same kernel on the same memory, so the forward is bitwise cuda's.
+(cuDNN attention for bf16 on an H200 with torch 2.11), runs the same kernel on the same memory, so the
+forward is bitwise cuda's. Gradients are checked against a float32 math-backend reference on flagos: a
+backward over CUDA tensors cannot run beside flagos (docs/design.md).
 
 GPU-only: these run on the NVIDIA machine with FLAGOS_ACCELERATOR=auto (or cuda)."""
 
@@ -80,7 +82,7 @@ def test_same_backend_as_cuda_and_bitwise_forward(case):
     choice = torch._fused_sdp_choice(*tensors, **kwargs)
     assert torch._fused_sdp_choice(*flagos_in, **flagos_kwargs) == choice
     if case.startswith("bf16") and "mask" not in case and torch.cuda.get_device_capability() >= (8, 0):
-        assert choice == SDPBackend.FLASH_ATTENTION.value
+        assert choice in FUSED_OP, choice  # a fused kernel (which one is torch's choice per version)
     want = F.scaled_dot_product_attention(*tensors, **kwargs)
     names = op_names(lambda: F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs))
     got = F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs)
@@ -95,22 +97,28 @@ def test_same_backend_as_cuda_and_bitwise_forward(case):
 )
 def test_backward_runs_the_fused_backward_and_matches_cuda(case):
     tensors, kwargs = make_inputs(case)
-    cuda_in = [t.detach().clone().requires_grad_() for t in tensors]
     flagos_in, flagos_kwargs = to_flagos(tensors, kwargs, grad=True)
     choice = torch._fused_sdp_choice(*tensors, **kwargs)
     grad = torch.randn(F.scaled_dot_product_attention(*tensors, **kwargs).shape, device="cuda").to(
         tensors[0].dtype
     )
-    F.scaled_dot_product_attention(*cuda_in, **kwargs).backward(grad)
     names = op_names(
         lambda: F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs).backward(grad.to("flagos"))
     )
     if choice in FUSED_OP:
         assert FUSED_OP[choice] + "_backward" in names and not names & MATH_OPS, sorted(names)
-    # The fused backward kernels accumulate with atomics: close, not bitwise, even on cuda against itself.
-    tol = dict(rtol=1e-5, atol=1e-5) if tensors[0].dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    for got, want in zip(flagos_in, cuda_in, strict=True):
-        torch.testing.assert_close(torch_fl.as_cuda(got.grad), want.grad, **tol)
+    # Reference: the math backend in float32 on flagos (on CUDA kernels). The fused kernels compute in
+    # the input dtype and accumulate with atomics, so the bound is on the relative error of each gradient.
+    ref_in = [t.detach().float().requires_grad_() for t in flagos_in]
+    ref_kwargs = dict(flagos_kwargs)
+    if ref_kwargs["attn_mask"] is not None:
+        ref_kwargs["attn_mask"] = ref_kwargs["attn_mask"].float()
+    with sdpa_kernel([SDPBackend.MATH]):
+        F.scaled_dot_product_attention(*ref_in, **ref_kwargs).backward(grad.to("flagos").float())
+    bound = 1e-5 if tensors[0].dtype == torch.float32 else 2e-2
+    for got, want in zip(flagos_in, ref_in, strict=True):
+        error = ((got.grad.float() - want.grad).norm() / want.grad.norm()).item()
+        assert error < bound, f"relative error {error:.2e} of a gradient (bound {bound})"
 
 
 def test_flash_forward_outputs_and_backward_through_the_overrideable_op():
@@ -118,7 +126,8 @@ def test_flash_forward_outputs_and_backward_through_the_overrideable_op():
     aten::_scaled_dot_product_fused_attention_overrideable, whose kernels call the routed flash ops."""
     tensors, kwargs = make_inputs("bf16_head_dim_72")
     flagos_in, flagos_kwargs = to_flagos(tensors, kwargs, grad=True)
-    names = op_names(lambda: F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs).sum().backward())
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # torch may prefer cuDNN by default (2.11 on Hopper)
+        names = op_names(lambda: F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs).sum().backward())
     assert {
         "aten::_scaled_dot_product_fused_attention_overrideable",
         "aten::_scaled_dot_product_fused_attention_overrideable_backward",
@@ -152,7 +161,8 @@ def test_fused_op_routed_to_cpu_falls_back_to_math():
     tensors, kwargs = make_inputs("bf16_causal")
     flagos_in, flagos_kwargs = to_flagos(tensors, kwargs)
     want = F.scaled_dot_product_attention(*tensors, **kwargs)
-    with torch_fl.routing.override({"aten::_scaled_dot_product_flash_attention": "cpu"}):
+    route = {"aten::_scaled_dot_product_flash_attention": "cpu"}
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), torch_fl.routing.override(route):
         names = op_names(lambda: F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs))
         got = F.scaled_dot_product_attention(*flagos_in, **flagos_kwargs)
     assert "aten::_scaled_dot_product_flash_attention" not in names and names & MATH_OPS

@@ -91,14 +91,20 @@ def test_demo_fails_when_parity_fails(capsys, qwen3):
     import torch_fl
     from torch_fl import demo
 
-    def wrong_mm(self, mat2, *, out):
+    def wrong_mm_out(self, mat2, *, out):
         return torch.mm(self, mat2, out=out).mul_(1.05)
 
-    torch_fl.routing.register_python_impl("aten::mm.out", wrong_mm)
+    def wrong_mm(self, mat2):
+        return torch.mm(self, mat2).mul_(1.05)
+
+    # Both overloads: backed by CUDA, torch.mm reaches aten::mm itself; elsewhere its composite's mm.out.
+    torch_fl.routing.register_python_impl("aten::mm.out", wrong_mm_out)
+    torch_fl.routing.register_python_impl("aten::mm", wrong_mm)
     try:
         code = demo.main(["--shape", qwen3.shape, "--new-tokens", "4"])
     finally:
         torch_fl.routing.unregister_python_impl("aten::mm.out")
+        torch_fl.routing.unregister_python_impl("aten::mm")
     out = capsys.readouterr().out
     assert code == 1, out
     assert re.search(r"parity, logits: .*MISMATCH", out), out
@@ -127,7 +133,7 @@ def test_demo_reports_routing_counts(monkeypatch, capsys, qwen3):
 
 def test_benchmark_with_model(run_python, checkpoint, tmp_path):
     config = tmp_path / "mm_on_cpu.conf"
-    config.write_text("mm.out = cpu\n")
+    config.write_text("mm = cpu\nmm.out = cpu\n")  # backed by CUDA torch.mm reaches aten::mm itself
     args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--model", str(checkpoint), "--repeats", "1"]
     args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
     result = run_python("", args=[*args, "--configs", f"native,{config}"], timeout=TIMEOUT_S)
