@@ -490,50 +490,44 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = supervise(pairs, argv if argv is not None else sys.argv[1:], args)
     elapsed = time.perf_counter() - start
-    summary = summarize(results)
-    print_summary(summary, args.top)
-    print(f"{len(results)} (op, dtype) pairs in {elapsed:.1f} s")
-    if args.out:
-        write_json(args.out, results, summary, elapsed, args)
-    if args.write_passing:
-        write_passing(args.write_passing, results, args)
+    run = {
+        "command": " ".join(sys.argv),
+        "torch": torch.__version__,
+        "device": args.device,
+        "device_ref": args.device_ref,
+        "max_samples": args.max_samples,
+        "exact": args.exact,
+        "seconds": round(elapsed, 1),
+    }
+    report(results, run, f"{len(results)} (op, dtype) pairs in {elapsed:.1f} s", args)
     return 0
 
 
-def write_json(path: str, results, summary, elapsed: float, args) -> None:
-    with open(path, "w") as f:
-        json.dump(
-            {
-                "command": " ".join(sys.argv),
-                "torch": torch.__version__,
-                "device": args.device,
-                "device_ref": args.device_ref,
-                "max_samples": args.max_samples,
-                "exact": args.exact,
-                "seconds": round(elapsed, 1),
-                "summary": summary,
-                "results": [asdict(r) for r in results],
-            },
-            f,
-            indent=1,
-        )
+def report(results: list[OpDtypeResult], run: dict, done: str, args) -> None:
+    """Prints the summary and `done`; writes --out (JSON: `run`, the summary, the results) and
+    --write-passing."""
+    summary = summarize(results)
+    print_summary(summary, args.top)
+    print(done)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**run, "summary": summary, "results": [asdict(r) for r in results]}, f, indent=1)
+    if args.write_passing:
+        write_passing(args.write_passing, results, args)
 
 
 def merge(args) -> int:
-    """The shards' results as one run: summary printed, and --out / --write-passing written."""
-    results, elapsed = [], 0.0
+    """The shards' results as one run (the run's settings are the first shard's; seconds the longest)."""
+    results, run = [], {}
     for path in args.merge:
         with open(path) as f:
             data = json.load(f)
-        results.extend(OpDtypeResult(**r) for r in data["results"])
-        elapsed = max(elapsed, data["seconds"])
-    summary = summarize(results)
-    print_summary(summary, args.top)
-    print(f"{len(results)} (op, dtype) pairs from {len(args.merge)} shards, the longest {elapsed:.1f} s")
-    if args.out:
-        write_json(args.out, results, summary, elapsed, args)
-    if args.write_passing:
-        write_passing(args.write_passing, results, args)
+        results.extend(OpDtypeResult(**r) for r in data.pop("results"))
+        data.pop("summary")
+        run = run or data
+        run["seconds"] = max(run["seconds"], data["seconds"])
+    done = f"{len(results)} (op, dtype) pairs from {len(args.merge)} shards, the longest {run['seconds']} s"
+    report(results, run, done, args)
     return 0
 
 
