@@ -433,9 +433,11 @@ def routable_ops() -> list[str]:
     if not load().available:
         return []
     routable = []
+    # An op with an unboxed kernel standing in for the fallback (csrc/ops/fast_ops.h) reaches it as well.
+    unboxed = {op for op, how in _C._routing_unboxed_ops().items() if how == "fallback"}
     for name in load().ops:
         table = torch._C._dispatch_dump_table(name)
         line = next((entry for entry in table.splitlines() if entry.startswith("PrivateUse1:")), "")
-        if "[backend fallback]" in line:
+        if "[backend fallback]" in line or name in unboxed:
             routable.append(name)
     return routable
