@@ -6,6 +6,8 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include <new>
+
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
@@ -271,6 +273,15 @@ class AliasScope {
   c10::SmallVector<AliasedTensor, 4> tensors_;
 };
 
+void sync_before_native_kernel(const std::optional<c10::Device>& device, c10::DeviceType native_type) {
+  if (device.has_value() && native_type == c10::DeviceType::CPU) {
+    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
+    const c10::Stream stream = runtime::current_stream(device->index());
+    runtime::check_hal(runtime::hal().stream_synchronize(runtime::hal_stream(stream)),
+                       "flagos_stream_synchronize");
+  }
+}
+
 }  // namespace
 
 c10::DeviceType native_device_type() {
@@ -308,12 +319,7 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
   }
 
   c10::OptionalDeviceGuard guard(scope.device());
-  if (scope.device().has_value() && native_type == c10::DeviceType::CPU) {
-    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
-    const c10::Stream stream = runtime::current_stream(scope.device()->index());
-    runtime::check_hal(runtime::hal().stream_synchronize(runtime::hal_stream(stream)),
-                       "flagos_stream_synchronize");
-  }
+  sync_before_native_kernel(scope.device(), native_type);
   try {
     // Host kernels allocate flagos memory (labelled CPU) for their outputs, which are then adopted as they
     // are; their temporaries go back to the flagos cache. Nothing when backed.
@@ -328,6 +334,54 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
     *it = scope.adopt_value(*it);
   }
+}
+
+// ---- NativeAliases: AliasScope for unboxed callers --------------------------------------------------------
+static_assert(sizeof(AliasScope) <= NativeAliases::kScopeBytes, "NativeAliases::kScopeBytes is too small");
+static_assert(alignof(AliasScope) <= alignof(std::max_align_t));
+
+namespace {
+AliasScope& scope_in(unsigned char* buffer) {
+  return *std::launder(reinterpret_cast<AliasScope*>(buffer));
+}
+const AliasScope& scope_in(const unsigned char* buffer) {
+  return *std::launder(reinterpret_cast<const AliasScope*>(buffer));
+}
+}  // namespace
+
+NativeAliases::NativeAliases() {
+  new (scope_) AliasScope(native_device_type());
+}
+
+NativeAliases::~NativeAliases() {
+  scope_in(scope_).~AliasScope();
+}
+
+at::Tensor NativeAliases::alias(const at::Tensor& t) {
+  return scope_in(scope_).alias(t);
+}
+
+std::optional<at::Generator> NativeAliases::generator(const std::optional<at::Generator>& gen) {
+  AliasScope& scope = scope_in(scope_);
+  const c10::IValue native = gen.has_value() ? scope.alias_value(*gen) : scope.default_generator();
+  if (native.isNone()) return std::nullopt;
+  return native.toGenerator();
+}
+
+c10::Device NativeAliases::device_arg(c10::Device d) {
+  return scope_in(scope_).alias_value(d).toDevice();
+}
+
+std::optional<c10::Device> NativeAliases::device() const {
+  return scope_in(scope_).device();
+}
+
+void NativeAliases::enter() const {
+  sync_before_native_kernel(device(), native_device_type());
+}
+
+at::Tensor NativeAliases::adopt(const at::Tensor& native) {
+  return scope_in(scope_).adopt(native);
 }
 
 }  // namespace flagos::ops

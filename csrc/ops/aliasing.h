@@ -8,7 +8,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <c10/core/Device.h>
+
+#include <cstddef>
 #include <functional>
+#include <optional>
 
 namespace flagos::ops {
 
@@ -17,6 +21,35 @@ namespace flagos::ops {
 // Kernel errors propagate with their exception type and the op's name added as context.
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                             const std::function<void(torch::jit::Stack*)>& run);
+
+// One native-route call's aliases, for callers that hold the arguments unboxed (ops/fast_ops.h): the same
+// implementation call_on_native_aliases uses (its AliasScope), one method per kind of argument. Order of
+// use, as the boxed path does it: alias every argument, then generator() for `Generator?` arguments (an
+// omitted one takes the default generator of the call's device, known once the tensors are aliased), then
+// enter() on a device guard set to device(), the native call, and adopt() for each result.
+//
+// The scope lives in a buffer inside this object rather than behind a pointer (no heap allocation per
+// call) and its type stays private to aliasing.cpp, which static_asserts that it fits.
+class NativeAliases {
+ public:
+  NativeAliases();
+  ~NativeAliases();
+  NativeAliases(const NativeAliases&) = delete;
+  NativeAliases& operator=(const NativeAliases&) = delete;
+
+  at::Tensor alias(const at::Tensor& t);  // a flagos tensor's native alias; other tensors as they are
+  std::optional<at::Generator> generator(const std::optional<at::Generator>& gen);
+  c10::Device device_arg(c10::Device d);      // a flagos device argument as the native device
+  std::optional<c10::Device> device() const;  // the call's flagos device, if it has one
+  // Before running a host kernel on the aliases: let queued stream work on their memory land first.
+  void enter() const;
+  at::Tensor adopt(const at::Tensor& native);  // the flagos result for a native result
+
+  static constexpr size_t kScopeBytes = 256;
+
+ private:
+  alignas(std::max_align_t) unsigned char scope_[kScopeBytes];
+};
 
 // The native device type of the accelerator in use (CUDA on NVIDIA, CPU on the simulated accelerator).
 c10::DeviceType native_device_type();

@@ -1,6 +1,7 @@
 // The routes: one call of an operator run on the backend the router chose, and counted.
 #pragma once
 
+#include <ATen/core/boxing/BoxedKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -19,6 +20,22 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 // The boxed PrivateUse1 fallback: route_for(op), then run_route. Also the kernel that op_entry.cpp
 // registers for the ops flagos routes directly although a composite kernel would otherwise run for them.
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The dispatch key of the native device's kernels (the backing device's, CPU on the simulated accelerator).
+c10::DispatchKey native_dispatch_key();
+
+// A boxed kernel that runs run_route(backend, ...): how an unboxed kernel (ops/fast_ops.h) takes the boxed
+// route for a call the router sends elsewhere, with c10's own boxing (c10::impl::BoxedKernelWrapper).
+const c10::BoxedKernel& route_kernel(Backend backend);
+
+// Counts one call served by `backend` without going through run_route (the unboxed native path), and
+// one call taken by the unboxed path.
+void count_backend_call(Backend backend);
+void count_unboxed_call();
+
+// Calls the unboxed native path served since the process started or the last reset (tests and the
+// benchmark use it to see that the fast path is taken).
+uint64_t unboxed_call_count();
 
 // Calls each backend served (indexed by Backend) since the process started or the last reset. Relaxed
 // counters: exact once the calls being counted have returned, and cheap enough to be always on.

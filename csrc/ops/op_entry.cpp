@@ -8,12 +8,15 @@
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "ops/fallback.h"
+#include "ops/fast_ops.h"
 #include "ops/router.h"
 
 namespace flagos::ops {
@@ -43,20 +46,26 @@ constexpr const char* kBuiltinOps[] = {
     "mse_loss",
 };
 
+// The kernel that routes every call of `name`: its unboxed one (ops/fast_ops.h) where it has one, else the
+// boxed fallback's.
+torch::CppFunction routing_kernel(const c10::OperatorName& name) {
+  const FastOp* fast = find_fast_op(name);
+  return fast != nullptr ? fast->kernel() : torch::CppFunction::makeFromBoxedFunction<&routed_fallback>();
+}
+
+c10::OperatorName aten_name(const std::string& s) {
+  const auto dot = s.find('.');
+  return c10::OperatorName("aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* name : kBuiltinOps) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
-  }
+  for (const char* name : kBuiltinOps) m.impl(name, routing_kernel(aten_name(name)));
 }
 
 bool is_builtin(const c10::OperatorName& name) {
   static const std::unordered_set<c10::OperatorName>* builtin = [] {
     auto* names = new std::unordered_set<c10::OperatorName>();
-    for (const char* text : kBuiltinOps) {
-      const std::string s(text);
-      const auto dot = s.find('.');
-      names->emplace("aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1));
-    }
+    for (const char* text : kBuiltinOps) names->insert(aten_name(text));
     return names;
   }();
   return builtin->count(name) != 0;
@@ -131,6 +140,9 @@ struct Registry {
   std::unordered_set<c10::OperatorName> routed;  // ops whose routed_composite_kernel is registered
   std::unordered_set<c10::OperatorName>
       direct;  // ops routed directly because the backing device has a kernel
+  // Ops that would reach the fallback and got their unboxed kernel instead, at load (they route as
+  // fallback ops do).
+  std::unordered_set<c10::OperatorName> unboxed_fallback;
 };
 
 Registry& registry() {
@@ -148,6 +160,7 @@ OpEntry entry_locked(const Registry& r, const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
   if (is_builtin(name) || r.direct.count(name) != 0) return OpEntry::kBuiltin;
   if (r.routed.count(name) != 0) return OpEntry::kRouted;
+  if (r.unboxed_fallback.count(name) != 0) return OpEntry::kFallback;
   if (op.hasKernelForDispatchKey(DispatchKey::PrivateUse1)) return OpEntry::kOwnKernel;
   if (composite_key(op).has_value()) return OpEntry::kComposite;
   return OpEntry::kFallback;
@@ -162,7 +175,46 @@ std::string probable_out_overload(const c10::OperatorName& name) {
   return op_display_name(out);
 }
 
+// At load: the listed ops that would reach the fallback (no kernel of flagos, no composite) get their
+// unboxed kernel. Ops with a composite keep it here (on the simulated accelerator it allocates on flagos
+// and calls the `out` overload, which is zero-copy; a functional kernel's results would be copied);
+// route_backed_kernels_directly gives them theirs when backed.
+bool register_unboxed_fallback_kernels() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const FastOp& fast : fast_ops()) {
+    const c10::OperatorName name(fast.name, fast.overload);
+    const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+    if (!op.has_value() || is_builtin(name) || op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
+        composite_key(*op).has_value()) {
+      continue;
+    }
+    library_locked(r, "aten", DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), fast.kernel());
+    r.unboxed_fallback.insert(name);
+  }
+  return true;
+}
+
+// Static initialisation: libtorch's operators and kernels are registered before this library loads.
+[[maybe_unused]] const bool g_unboxed_registered = register_unboxed_fallback_kernels();
+
 }  // namespace
+
+std::vector<std::pair<std::string, OpEntry>> unboxed_kernel_ops() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::pair<std::string, OpEntry>> ops;
+  for (const FastOp& fast : fast_ops()) {
+    const c10::OperatorName name(fast.name, fast.overload);
+    if (r.unboxed_fallback.count(name) != 0) {
+      ops.emplace_back(op_display_name(name), OpEntry::kFallback);
+    } else if (r.direct.count(name) != 0 || is_builtin(name)) {
+      ops.emplace_back(op_display_name(name), OpEntry::kBuiltin);
+    }
+  }
+  std::sort(ops.begin(), ops.end());
+  return ops;
+}
 
 OpEntry op_entry(const c10::OperatorHandle& op) {
   Registry& r = registry();
@@ -197,8 +249,7 @@ size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
     const std::optional<DispatchKey> key = composite_key(*op);
     if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(backing_key)) continue;
     const std::string ns = name.name.substr(0, name.name.find("::"));
-    library_locked(r, ns, DispatchKey::PrivateUse1)
-        .impl(op_display_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
+    library_locked(r, ns, DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), routing_kernel(name));
     r.direct.insert(name);
     ++registered;
   }

@@ -11,11 +11,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flagos::ops {
 
 enum class OpEntry {
-  kFallback,   // no kernel of its own: every call reaches the router through the fallback
+  kFallback,   // no kernel of its own: every call reaches the router (through the fallback, or through its
+               // unboxed kernel where ops/fast_ops.h has one)
   kBuiltin,    // flagos routes it directly from the start (its composite hides a native kernel)
   kRouted,     // composite, router's kernel registered: calls are routed when a rule names the op
   kComposite,  // composite, router's kernel not (yet) registered: calls run the composite kernel
@@ -39,6 +42,10 @@ void ensure_routed_kernel(const c10::OperatorHandle& op);
 // allocates from the same pool and its result is adopted without a copy. Call once, at device
 // initialisation, before threads run ops (it changes dispatch tables). Returns how many ops it routed.
 size_t route_backed_kernels_directly(c10::DispatchKey backing_key);
+
+// The ops whose calls reach the router through their unboxed kernel (ops/fast_ops.h) in this process, with
+// how: kFallback (it stands in for the fallback), kBuiltin (routed directly from the start or when backed).
+std::vector<std::pair<std::string, OpEntry>> unboxed_kernel_ops();
 
 // For explain(): why calls of `op` do not (always) take its route, or "" when they do. `has_rule`: a rule
 // names the op.

@@ -131,6 +131,16 @@ void bind_routing(py::module_& m) {
     return d;
   });
   m.def("_routing_reset_counts", &ops::reset_backend_call_counts);
+  // The unboxed native path (ops/fast_ops.h): calls it served (reset with the counts above), and the ops
+  // whose calls take it when routed to native.
+  m.def("_routing_unboxed_calls", &ops::unboxed_call_count);
+  m.def("_routing_unboxed_ops", []() {
+    py::dict d;
+    for (const auto& [op, entry] : ops::unboxed_kernel_ops()) {
+      d[py::str(op)] = entry == ops::OpEntry::kFallback ? "fallback" : "direct";
+    }
+    return d;
+  });
   // The flaggems backend (torch_fl/_flaggems.py): availability, and FlagGems' functions, owned forever
   // like Python implementations.
   m.def("_routing_set_flaggems_available", [](bool available, const std::string& reason) {

@@ -441,7 +441,7 @@ void CachingDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
 void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
   if (is_backed()) {
     // A flagos view of memory the backing allocator handed to someone else: record the owner's block.
-    const c10::Storage* owner = borrowed_from(ptr);
+    const c10::StorageImpl* owner = borrowed_from(ptr);
     backing_allocator().recordStream(owner != nullptr ? owner->data_ptr() : ptr, to_backing(stream));
     return;
   }

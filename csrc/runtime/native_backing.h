@@ -51,6 +51,6 @@ c10::DataPtr relabel_as_flagos(c10::DataPtr backing);
 c10::DataPtr borrow(const c10::Storage& owner, c10::Device device);
 
 // The storage a borrow()ed DataPtr keeps alive, or nullptr for any other DataPtr.
-const c10::Storage* borrowed_from(const c10::DataPtr& ptr);
+const c10::StorageImpl* borrowed_from(const c10::DataPtr& ptr);
 
 }  // namespace flagos::runtime

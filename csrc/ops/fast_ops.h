@@ -1,0 +1,283 @@
+// Unboxed PrivateUse1 kernels for the hottest operators: the native route without the boxed fallback's
+// boxing (IValue stack, argument loop over the schema, redispatchBoxed and the native kernel's unboxing).
+//
+// One template, FastKernel<Op>, over the `at::_ops::<op>` structs (their `schema` function type gives the
+// kernel's signature, `name`/`overload_name` the operator, `redispatch` the unboxed call into the native
+// kernel), so adding an op is one line in the list in fast_ops.cpp. A call:
+//   1. asks the router (the cached decision, a few ns). Anything but `native` takes exactly the boxed path:
+//      c10's BoxedKernelWrapper boxes the arguments and runs run_route on the chosen backend, as the
+//      fallback would (cpu, flaggems, python; an op without a native kernel is routed to cpu by then);
+//   2. otherwise aliases every flagos argument with the same AliasScope the boxed path uses
+//      (NativeAliases, ops/aliasing.h), sets the device guard, synchronises before host kernels, calls
+//      `Op::redispatch` on the native dispatch key, and adopts the results. Counters, the dispatch log
+//      (route() writes it) and the error context are the boxed path's.
+// Results that are arguments (in-place, out=) are returned as the caller's own tensor objects, as the
+// dispatcher's boxed wrapper returns them.
+//
+// Which operators get these kernels, and when, is op_entry.cpp's business: the ones that would reach the
+// fallback at load, and in place of the router's boxed kernel where op_entry registers that.
+#pragma once
+
+#include <ATen/core/IListRef.h>
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ops/aliasing.h"
+#include "ops/fallback.h"
+#include "ops/router.h"
+
+namespace flagos::ops {
+
+// One entry of the list: the operator and a factory of its unboxed kernel.
+struct FastOp {
+  const char* name;      // "aten::add"
+  const char* overload;  // "out", or "" for the default overload
+  torch::CppFunction (*kernel)();
+};
+
+// The operators with an unboxed kernel (fast_ops.cpp), and the entry for one (nullptr if none).
+const std::vector<FastOp>& fast_ops();
+const FastOp* find_fast_op(const c10::OperatorName& name);
+
+namespace fast_detail {
+
+template <class T>
+inline constexpr bool needs_aliasing_v =
+    std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::optional<at::Tensor>> ||
+    std::is_same_v<T, at::TensorList> || std::is_same_v<T, at::ITensorListRef> ||
+    std::is_same_v<T, c10::List<std::optional<at::Tensor>>> || std::is_same_v<T, at::Generator> ||
+    std::is_same_v<T, std::optional<at::Generator>> || std::is_same_v<T, c10::Device> ||
+    std::is_same_v<T, std::optional<c10::Device>>;
+
+// The native-device counterpart of one argument. Arguments without tensors, generators or devices pass as
+// they are; every kind that needs aliasing has its own specialisation below (the static_assert keeps a new
+// kind from passing silently).
+template <class T>
+struct NativeArg {
+  static_assert(!needs_aliasing_v<std::decay_t<T>>, "argument kind without a NativeArg specialisation");
+  T value;
+  NativeArg(NativeAliases& /*aliases*/, T v) : value(static_cast<T>(v)) {}
+  T get() { return static_cast<T>(value); }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<const at::Tensor&> {
+  at::Tensor value;
+  NativeArg(NativeAliases& aliases, const at::Tensor& t) : value(aliases.alias(t)) {}
+  const at::Tensor& get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<at::Tensor&> {
+  at::Tensor value;
+  NativeArg(NativeAliases& aliases, at::Tensor& t) : value(aliases.alias(t)) {}
+  at::Tensor& get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<const std::optional<at::Tensor>&> {
+  std::optional<at::Tensor> value;
+  NativeArg(NativeAliases& aliases, const std::optional<at::Tensor>& t) {
+    if (t.has_value()) value = aliases.alias(*t);
+  }
+  const std::optional<at::Tensor>& get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<at::TensorList> {
+  c10::SmallVector<at::Tensor, 4> value;
+  NativeArg(NativeAliases& aliases, at::TensorList list) {
+    value.reserve(list.size());
+    for (const at::Tensor& t : list) value.push_back(aliases.alias(t));
+  }
+  at::TensorList get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<const at::ITensorListRef&> {
+  c10::SmallVector<at::Tensor, 4> value;
+  NativeArg(NativeAliases& aliases, const at::ITensorListRef& list) {
+    value.reserve(list.size());
+    for (const at::Tensor& t : list) value.push_back(aliases.alias(t));
+  }
+  // A temporary that lives until the end of the redispatch's full expression.
+  at::ITensorListRef get() { return at::ITensorListRef(at::TensorList(value)); }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+template <>
+struct NativeArg<const c10::List<std::optional<at::Tensor>>&> {
+  c10::List<std::optional<at::Tensor>> value;
+  NativeArg(NativeAliases& aliases, const c10::List<std::optional<at::Tensor>>& list) {
+    value.reserve(list.size());
+    for (const std::optional<at::Tensor> t : list) {
+      value.push_back(t.has_value() ? std::optional<at::Tensor>(aliases.alias(*t)) : std::nullopt);
+    }
+  }
+  const c10::List<std::optional<at::Tensor>>& get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+// Converted in finish(), after every tensor is aliased: an omitted generator takes the default generator
+// of the call's device, which the tensors decide (as on the boxed path).
+template <>
+struct NativeArg<std::optional<at::Generator>> {
+  std::optional<at::Generator> value;
+  NativeArg(NativeAliases& /*aliases*/, std::optional<at::Generator> gen) : value(std::move(gen)) {}
+  std::optional<at::Generator> get() { return value; }
+  void finish(NativeAliases& aliases) { value = aliases.generator(value); }
+};
+
+template <>
+struct NativeArg<std::optional<c10::Device>> {
+  std::optional<c10::Device> value;
+  NativeArg(NativeAliases& aliases, std::optional<c10::Device> d) {
+    if (d.has_value()) value = aliases.device_arg(*d);
+  }
+  std::optional<c10::Device> get() { return value; }
+  void finish(NativeAliases& /*aliases*/) {}
+};
+
+// The caller's own tensor object behind an adopted in-place/out= result (the dispatcher's boxed wrapper
+// returns the argument itself, so the fast path does too). Mutable results match mutable arguments only.
+template <class Ref, class... Args>
+Ref caller_tensor(const at::Tensor& adopted, Args&... args) {
+  using Pointer = std::remove_reference_t<Ref>*;
+  Pointer found = nullptr;
+  auto match = [&](auto& arg) {
+    using A = std::remove_reference_t<decltype(arg)>;
+    if constexpr (std::is_same_v<A, at::Tensor> ||
+                  (std::is_const_v<std::remove_reference_t<Ref>> && std::is_same_v<A, const at::Tensor>)) {
+      if (found == nullptr && arg.unsafeGetTensorImpl() == adopted.unsafeGetTensorImpl()) found = &arg;
+    }
+  };
+  (match(args), ...);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "flagos: an in-place/out= result is none of the op's arguments");
+  return *found;
+}
+
+// The flagos result of type R for native result `native`.
+template <class R, class Native, class... Args>
+R adopt_as(NativeAliases& aliases, Native&& native, Args&... args) {
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    return aliases.adopt(native);
+  } else if constexpr (std::is_same_v<R, at::Tensor&> || std::is_same_v<R, const at::Tensor&>) {
+    return caller_tensor<R>(aliases.adopt(native), args...);
+  } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+    std::vector<at::Tensor> out;
+    out.reserve(native.size());
+    for (const at::Tensor& t : native) out.push_back(aliases.adopt(t));
+    return out;
+  } else {
+    return static_cast<R>(std::forward<Native>(native));  // scalars, bools, ...
+  }
+}
+
+template <class... Rs, class NativeTuple, size_t... I, class... Args>
+std::tuple<Rs...> adopt_tuple(NativeAliases& aliases, NativeTuple& native,
+                              std::index_sequence<I...> /*unused*/, Args&... args) {
+  // Braced initialisation: the results are adopted in order, as the boxed path adopts them.
+  return std::tuple<Rs...>{adopt_as<Rs>(aliases, std::get<I>(native), args...)...};
+}
+
+template <class R>
+struct Adopt {
+  template <class Native, class... Args>
+  static R run(NativeAliases& aliases, Native&& native, Args&... args) {
+    return adopt_as<R>(aliases, std::forward<Native>(native), args...);
+  }
+};
+
+template <class... Rs>
+struct Adopt<std::tuple<Rs...>> {
+  template <class Native, class... Args>
+  static std::tuple<Rs...> run(NativeAliases& aliases, Native& native, Args&... args) {
+    return adopt_tuple<Rs...>(aliases, native, std::index_sequence_for<Rs...>{}, args...);
+  }
+};
+
+}  // namespace fast_detail
+
+template <class Op, class Schema = typename Op::schema>
+struct FastKernel;
+
+template <class Op, class Ret, class... Args>
+struct FastKernel<Op, Ret(Args...)> {
+  static const c10::OperatorHandle& handle() {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return op;
+  }
+
+  // The PrivateUse1 kernel.
+  static Ret call(Args... args) {
+    const c10::OperatorHandle& op = handle();
+    const Backend backend = route(op).backend;
+    if (C10_UNLIKELY(backend != Backend::kNative)) {
+      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+          route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+          std::forward<Args>(args)...);
+    }
+    count_backend_call(Backend::kNative);
+    count_unboxed_call();
+    return run_native(args...);
+  }
+
+ private:
+  static Ret run_native(Args&... args) {
+    NativeAliases aliases;
+    // Braced initialisation: arguments are aliased in order, as on the boxed path.
+    std::tuple<fast_detail::NativeArg<Args>...> native{fast_detail::NativeArg<Args>(aliases, args)...};
+    std::apply([&](auto&... a) { (a.finish(aliases), ...); }, native);
+    c10::OptionalDeviceGuard guard(aliases.device());
+    aliases.enter();
+    const c10::DispatchKeySet keys(native_dispatch_key());
+    if constexpr (std::is_void_v<Ret>) {
+      redispatch(keys, native);
+    } else {
+      decltype(auto) result = redispatch(keys, native);
+      return fast_detail::Adopt<Ret>::run(aliases, result, args...);
+    }
+  }
+
+  template <class Tuple>
+  static Ret redispatch(c10::DispatchKeySet keys, Tuple& native) {
+    try {
+      return std::apply([&](auto&... a) -> Ret { return Op::redispatch(keys, a.get()...); }, native);
+    } catch (c10::Error& e) {
+      const std::string overload(Op::overload_name);
+      e.add_context(std::string("while running ") + Op::name + (overload.empty() ? "" : "." + overload) +
+                    " on flagos");
+      throw;
+    }
+  }
+};
+
+template <class Op>
+torch::CppFunction fast_kernel() {
+  return torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(FastKernel<Op>::call));
+}
+
+template <class Op>
+FastOp fast_op() {
+  return FastOp{Op::name, Op::overload_name, &fast_kernel<Op>};
+}
+
+}  // namespace flagos::ops

@@ -1,0 +1,177 @@
+"""The unboxed native-route kernels (csrc/ops/fast_ops.h): the hottest ops skip the boxed fallback.
+
+``torch_fl._C._routing_unboxed_calls()`` counts the calls the unboxed path served (reset with
+``routing.reset_counts()``), so these tests see which way a call went: the unboxed kernel when the op is
+routed to ``native``, the boxed route (same counters as the fallback) when a rule sends it elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_fl
+from torch_fl import _C, routing
+
+BACKED = torch_fl._C._backing_type() is not None
+# The overload of add that reaches flagos: its own when backed (routed directly), else the composite's out=.
+ADD = "aten::add.Tensor" if BACKED else "aten::add.out"
+
+
+@pytest.fixture(autouse=True)
+def _clean_routing():
+    routing.reset()
+    routing.reset_counts()
+    yield
+    routing.reset()
+    routing.load_config(None)
+
+
+def unboxed() -> int:
+    return _C._routing_unboxed_calls()
+
+
+def test_unboxed_ops_are_registered_for_what_reaches_flagos():
+    ops = _C._routing_unboxed_ops()
+    assert ops[ADD] == ("direct" if BACKED else "fallback")
+    assert ops["aten::native_layer_norm"] == "direct"  # one of op_entry's built-in direct routes
+    assert "aten::mm.out" in ops or "aten::mm" in ops
+    # Explain is unchanged: the op still reaches the router by itself.
+    assert routing.explain(ADD).startswith(f"{ADD} -> native (default")
+
+
+def test_add_takes_the_unboxed_path_and_is_counted_as_native():
+    a, b = torch.randn(16, device="flagos"), torch.randn(16, device="flagos")
+    before, native = unboxed(), routing.counts()["native"]
+    c = torch.add(a, b)
+    assert unboxed() == before + 1
+    assert routing.counts()["native"] == native + 1
+    assert c.device.type == "flagos"
+    torch.testing.assert_close(c.cpu(), a.cpu() + b.cpu())
+
+
+def test_in_place_and_out_return_the_callers_tensors():
+    a = torch.randn(16, device="flagos")
+    out = torch.empty(16, device="flagos")
+    ptr = out.data_ptr()
+    before = unboxed()
+    assert torch.add(a, a, out=out) is out
+    assert out.add_(a) is out
+    assert torch.mul(a, 2.0, out=out) is out
+    assert unboxed() == before + 3
+    assert out.data_ptr() == ptr
+    torch.testing.assert_close(out.cpu(), a.cpu() * 2)
+
+
+def test_out_that_must_grow_is_resized():
+    a = torch.randn(2, 8, device="flagos")
+    out = torch.empty(0, device="flagos")
+    assert torch.mm(a, a.t(), out=out) is out
+    assert out.shape == (2, 2)
+    torch.testing.assert_close(out.cpu(), a.cpu() @ a.cpu().t())
+
+
+def test_results_match_the_native_device():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, generator=g)
+    w, b = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    idx = torch.tensor([0, 2, 3])
+    mask = x > 0
+    cases = {
+        "layer_norm": lambda t, w, b, i, m: F.layer_norm(t, (16,), w, b),
+        "softmax": lambda t, w, b, i, m: torch.softmax(t, -1),
+        "log_softmax": lambda t, w, b, i, m: torch.log_softmax(t, -1),
+        "cat": lambda t, w, b, i, m: torch.cat([t, t * 2], 0),
+        "where": lambda t, w, b, i, m: torch.where(m, t, w),
+        "masked_fill": lambda t, w, b, i, m: t.masked_fill(m, 0.5),
+        "index_select": lambda t, w, b, i, m: torch.index_select(t, 0, i),
+        "gelu_silu_relu": lambda t, w, b, i, m: F.gelu(t) + F.silu(t) + torch.relu(t),
+        "addmm_bmm": lambda t, w, b, i, m: (
+            torch.addmm(w, t.t(), t) + torch.bmm(t[None], t.t()[None])[0].sum()
+        ),
+        "sum_mean": lambda t, w, b, i, m: t.sum(0) + t.mean(-1, keepdim=True),
+        "pow_rsqrt_neg": lambda t, w, b, i, m: -(t.pow(2) + 1).rsqrt(),
+    }
+    for name, fn in cases.items():
+        expected = fn(x, w, b, idx, mask)
+        before = unboxed()
+        got = fn(*(t.to("flagos") for t in (x, w, b, idx, mask)))
+        assert unboxed() > before, name
+        torch.testing.assert_close(got.cpu(), expected, msg=name)
+
+
+def test_a_rule_sends_the_op_to_its_route_the_boxed_way():
+    a = torch.randn(16, device="flagos")
+    out = torch.empty(16, device="flagos")
+    before = unboxed()
+    routing.reset_counts()
+    with routing.override({ADD: "cpu"}):
+        r = torch.add(a, a, out=out) if ADD.endswith(".out") else torch.add(a, a)
+    assert unboxed() == before
+    assert routing.counts() == {"native": 0, "cpu": 1, "flaggems": 0, "python": 0}
+    if ADD.endswith(".out"):
+        assert r is out
+    torch.testing.assert_close(r.cpu(), a.cpu() * 2)
+    # And back: the next call takes the unboxed path again.
+    torch.add(a, a, out=out) if ADD.endswith(".out") else torch.add(a, a)
+    assert unboxed() == before + 1
+
+
+def test_python_route_gets_native_aliases_the_boxed_way():
+    seen = []
+    native = torch_fl._C._backing_type() or "cpu"
+
+    def impl(*args, **kwargs):
+        seen.append(args[0].device.type)
+        return torch.ops.aten.add.out(*args, **kwargs) if ADD.endswith(".out") else torch.add(*args, **kwargs)
+
+    routing.register_python_impl(ADD, impl)
+    try:
+        routing.set(ADD, "python")
+        a = torch.ones(4, device="flagos")
+        before = unboxed()
+        routing.reset_counts()
+        if ADD.endswith(".out"):
+            out = torch.empty(4, device="flagos")
+            assert torch.add(a, a, out=out) is out
+            r = out
+        else:
+            r = torch.add(a, a)
+        assert unboxed() == before
+        assert seen == [native]
+        assert routing.counts()["python"] == 1
+        torch.testing.assert_close(r.cpu(), torch.full((4,), 2.0))
+    finally:
+        routing.set(ADD, None)
+        routing.unregister_python_impl(ADD)
+
+
+def test_kernel_errors_name_the_op():
+    a = torch.randn(4, device="flagos")
+    with pytest.raises(IndexError, match=r"while running aten::index_select on flagos"):
+        torch.index_select(a, 0, torch.tensor([7], device="flagos"))
+
+
+def test_other_device_tensors_are_the_same_device_error():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a second device type")
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.add(torch.ones(4, device="flagos"), torch.ones(4, device="cuda"))
+
+
+def test_dispatch_log_is_the_boxed_paths(run_python):
+    result = run_python(
+        f"""
+        import torch, torch_fl
+        a = torch.ones(4, device="flagos")
+        out = torch.empty(4, device="flagos")
+        print("-- go", flush=True)
+        torch.add(a, a, out=out) if {ADD.endswith(".out")} else torch.add(a, a)
+        torch.add(a, a, out=out) if {ADD.endswith(".out")} else torch.add(a, a)
+        """,
+        env={"FLAGOS_LOG_DISPATCH": "1"},
+    ).check()
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"[flagos dispatch] {ADD} ")]
+    assert len(lines) == 2, result.stderr
+    assert all(" -> native (default" in line for line in lines)
