@@ -9,8 +9,9 @@
 //      fallback would (cpu, flaggems, python; an op without a native kernel is routed to cpu by then);
 //   2. otherwise aliases every flagos argument with the same AliasScope the boxed path uses
 //      (NativeAliases, ops/aliasing.h), sets the device guard, synchronises before host kernels, calls
-//      `Op::redispatch` on the native dispatch key, and adopts the results. Counters, the dispatch log
-//      (route() writes it) and the error context are the boxed path's.
+//      `Op::redispatch` on the native dispatch key (host kernels' outputs allocated as flagos memory), and
+//      adopts the results. Counters, the dispatch log (route() writes it) and the error context are the
+//      boxed path's.
 // Results that are arguments (in-place, out=) are returned as the caller's own tensor objects, as the
 // dispatcher's boxed wrapper returns them.
 //
@@ -37,6 +38,7 @@
 #include "ops/aliasing.h"
 #include "ops/fallback.h"
 #include "ops/router.h"
+#include "runtime/allocator.h"
 
 namespace flagos::ops {
 
@@ -260,6 +262,9 @@ struct FastKernel<Op, Ret(Args...)> {
   template <class Tuple>
   static Ret redispatch(c10::DispatchKeySet keys, Tuple& native) {
     try {
+      // Host kernels allocate their outputs as flagos memory, adopted as it is (as on the boxed path,
+      // call_on_native_aliases). Nothing when backed.
+      const runtime::HostKernelAllocations host_kernel_allocations;
       return std::apply([&](auto&... a) -> Ret { return Op::redispatch(keys, a.get()...); }, native);
     } catch (c10::Error& e) {
       const std::string overload(Op::overload_name);

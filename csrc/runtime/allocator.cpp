@@ -448,7 +448,7 @@ void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream s
   // A flagos view of memory another storage owns (an adopted host-kernel output several results share,
   // a flagos alias of a flagos tensor): the block is the owner's.
   const c10::DataPtr* data = &ptr;
-  while (const c10::Storage* owner = borrowed_from(*data)) data = &owner->data_ptr();
+  while (const c10::StorageImpl* owner = borrowed_from(*data)) data = &owner->data_ptr();
   allocator_state().record_stream(*data, stream);
 }
 
