@@ -159,15 +159,30 @@ def build_model(shape: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torc
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
-        model.to(dtype)
+        cast(model, dtype)
     return model.eval()
+
+
+def cast(model, dtype: torch.dtype | None):
+    """``model.to(dtype)`` the way ``from_pretrained(..., dtype=dtype)`` leaves a model: the rotary
+    embedding's frequencies (``inv_freq`` buffers) stay float32. Cast with the rest, they would make every
+    position but the first compute other angles than a loaded checkpoint does (1% apart in bfloat16 logits)."""
+    if dtype is None:
+        return model
+    kept = {name: buffer for name, buffer in model.named_buffers() if name.endswith("inv_freq")}
+    model.to(dtype)
+    for name, buffer in kept.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        setattr(owner, attr, buffer.to(getattr(owner, attr).device))
+    return model
 
 
 def copy_to(model, device: str | torch.device, dtype: torch.dtype | None = None):
     """A deep copy of ``model`` on ``device`` (and ``dtype``). ``Module.to`` keeps parameter objects
     between CPU and flagos (flagos registers ``aten::_has_compatible_shallow_copy_type``), so tied
     parameters (Qwen3's embeddings) stay tied."""
-    return copy.deepcopy(model).to(device=device, dtype=dtype)
+    return cast(copy.deepcopy(model).to(device=device), dtype)
 
 
 def synchronize(device: str | torch.device) -> None:
