@@ -8,15 +8,20 @@
 # 2. the environment report (FlagGems available or why not);
 # 3. at the same time: pytest of tests/test_flaggems_gpu.py and tests/test_flaggems.py, and the OpInfo sweep
 #    (tests/opinfo/flaggems_sweep.py) in its own worker processes;
-# 4. the benchmarks, alone on the GPU: route overhead against FlagGems called directly, and kernel time
+# 4. the model-shape sweep (tests/opinfo/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
+#    replayed on the calls a Qwen3-0.6B model makes; the ops that fail or crash there are taken out;
+# 5. the benchmarks, alone on the GPU: route overhead against FlagGems called directly, and kernel time
 #    against native CUDA at Qwen3-0.6B shapes.
-# Each step has a time limit; the whole stays under 6 minutes. Four files come back in $OUT/flaggems:
-# flaggems.log (everything printed), flaggems_cuda.conf (copy to torch_fl/configs/ once reviewed),
-# flaggems_sweep.md (the table for docs/flaggems.md) and flaggems_sweep.json.
+# Each step has a time limit; the whole stays under 9 minutes. Files in $OUT/flaggems: flaggems.log
+# (everything printed), flaggems_cuda.conf (after both sweeps: copy to torch_fl/configs/ once reviewed),
+# flaggems_sweep.md and model_sweep.md (the tables for docs/flaggems.md), flaggems_sweep.json, model_sweep.json.
 #
-# Limits (seconds), overridable: GEMS_PYTEST_S=150 GEMS_SWEEP_S=170 GEMS_OVERHEAD_S=45 GEMS_KERNELS_S=100;
-# GEMS_SWEEP_WORKERS=6. GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the GPU). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a
-# machine without a GPU, where every step skips or says why).
+# Limits (seconds), overridable: GEMS_PYTEST_S=150 GEMS_SWEEP_S=170 GEMS_MODEL_SWEEP_S=200 GEMS_OVERHEAD_S=45
+# GEMS_KERNELS_S=100; GEMS_SWEEP_WORKERS=6. GEMS_CANDIDATE=FILE skips the OpInfo sweep and the pytest and
+# gives the model sweep FILE (an earlier OpInfo sweep's config; keep it in torch_fl/configs/ so that its
+# `include cuda.conf` resolves). GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the
+# GPU). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
+# a GPU, where every step skips or says why).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DIR=${OUT:-flaggems-logs}/flaggems
@@ -26,6 +31,8 @@ LOG=$DIR/flaggems.log
 export PYTHONUNBUFFERED=1
 PYTEST_S=${GEMS_PYTEST_S:-150}
 SWEEP_S=${GEMS_SWEEP_S:-170}
+MODEL_SWEEP_S=${GEMS_MODEL_SWEEP_S:-200}
+CANDIDATE=${GEMS_CANDIDATE:-}
 OVERHEAD_S=${GEMS_OVERHEAD_S:-45}
 KERNELS_S=${GEMS_KERNELS_S:-100}
 WORKERS=${GEMS_SWEEP_WORKERS:-6}
@@ -44,25 +51,40 @@ python3 -c "import torch_fl" 2>> "$LOG" || { echo "torch_fl is not built/importa
 say "environment report"
 timeout 120 python3 -m torch_fl 2>&1 | tee -a "$LOG"
 
-say "sweep (background, budget $((SWEEP_S - 25)) s, $WORKERS workers) and pytest (limit $PYTEST_S s)"
-( timeout "$SWEEP_S" python3 -m tests.opinfo.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
-    --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 > "$DIR/sweep.log" 2>&1
-  echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
-sweep_pid=$!
-# tests/test_flaggems.py: the CPU-side behaviour with a real FlagGems installed (its slow sweep self-test
-# is left out: the real sweep runs beside).
-timeout "$PYTEST_S" python3 -m pytest tests/test_flaggems_gpu.py tests/test_flaggems.py -m "not slow" -q \
-  -p no:cacheprovider -rfEs 2>&1 | tee -a "$LOG"
-pytest_status=${PIPESTATUS[0]}
-say "pytest exit status $pytest_status (124: time limit)"
-wait "$sweep_pid"
-say "sweep log"
-cat "$DIR/sweep.log" >> "$LOG"
-tail -5 "$DIR/sweep.log"
-for f in flaggems_cuda.conf flaggems_sweep.md flaggems_sweep.json; do
-  [ -f "$DIR/sweep/$f" ] && mv "$DIR/sweep/$f" "$DIR/$f"
-done
-rm -rf "$DIR/sweep" "$DIR/sweep.log"
+pytest_status=0
+if [ -z "$CANDIDATE" ]; then
+  say "sweep (background, budget $((SWEEP_S - 25)) s, $WORKERS workers) and pytest (limit $PYTEST_S s)"
+  ( timeout "$SWEEP_S" python3 -m tests.opinfo.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
+      --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 > "$DIR/sweep.log" 2>&1
+    echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
+  sweep_pid=$!
+  # tests/test_flaggems.py: the CPU-side behaviour with a real FlagGems installed (its slow sweep self-test
+  # is left out: the real sweep runs beside).
+  timeout "$PYTEST_S" python3 -m pytest tests/test_flaggems_gpu.py tests/test_flaggems.py -m "not slow" -q \
+    -p no:cacheprovider -rfEs 2>&1 | tee -a "$LOG"
+  pytest_status=${PIPESTATUS[0]}
+  say "pytest exit status $pytest_status (124: time limit)"
+  wait "$sweep_pid"
+  say "sweep log"
+  cat "$DIR/sweep.log" >> "$LOG"
+  tail -5 "$DIR/sweep.log"
+  for f in flaggems_cuda.conf flaggems_sweep.md flaggems_sweep.json; do
+    [ -f "$DIR/sweep/$f" ] && mv "$DIR/sweep/$f" "$DIR/$f"
+  done
+  rm -rf "$DIR/sweep" "$DIR/sweep.log"
+  CANDIDATE=$DIR/flaggems_sweep_cuda.conf
+  # Beside the package's cuda.conf, which it includes.
+  [ -f "$DIR/flaggems_cuda.conf" ] && cp "$DIR/flaggems_cuda.conf" torch_fl/configs/.flaggems_opinfo_sweep.conf \
+    && mv "$DIR/flaggems_cuda.conf" "$CANDIDATE" && CANDIDATE_IN_PACKAGE=torch_fl/configs/.flaggems_opinfo_sweep.conf
+fi
+if [ -f "$CANDIDATE" ]; then
+  say "model-shape sweep of ${CANDIDATE} (limit $MODEL_SWEEP_S s)"
+  timeout "$MODEL_SWEEP_S" python3 -m tests.opinfo.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
+    --out-dir "$DIR" --workers "$WORKERS" --budget-s $((MODEL_SWEEP_S - 30)) --grace-s 10 2>&1 | tee -a "$LOG" | tail -25
+  rm -f torch_fl/configs/.flaggems_opinfo_sweep.conf
+else
+  say "no config for the model-shape sweep (the OpInfo sweep wrote none)"
+fi
 
 if [ "${GEMS_BENCH:-1}" != 0 ]; then
   say "benchmark: route overhead (limit $OVERHEAD_S s)"

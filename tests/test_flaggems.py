@@ -474,3 +474,54 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
     finally:
         routing.load_config(None)
     assert "| `aten::add.Tensor` | pass | float32 |" in (out_dir / "flaggems_sweep.md").read_text()
+
+
+@pytest.mark.slow
+def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
+    # tests/opinfo/flaggems_model_sweep.py end to end on the simulated accelerator with the stand-in
+    # FlagGems and the tiny Qwen3: add.Tensor made wrong, mm ending the process, _softmax not called by
+    # the model (its route stays), the config's comments and includes kept.
+    pytest.importorskip("transformers", minversion="5.0")
+    repo = pathlib.Path(__file__).parent.parent
+    (tmp_path / "cuda.conf").write_text("")
+    candidate = tmp_path / "candidate.conf"
+    candidate.write_text(
+        "# from the OpInfo sweep\ninclude cuda.conf\n\n"
+        "aten::add.Tensor = flaggems   # passed\naten::mm = flaggems\naten::_softmax = flaggems\n"
+    )
+    out_dir = tmp_path / "out"
+    result = run_python(
+        "",
+        args=["-m", "tests.opinfo.flaggems_model_sweep", "--stand-in", "--config", str(candidate)]
+        + ["--out-dir", str(out_dir), "--workers", "1", "--budget-s", "150"],
+        env={**SIM, "FAKE_FLAGGEMS_WRONG": "add", "FAKE_FLAGGEMS_CRASH": "mm"},
+        cwd=str(repo),
+        timeout=240,
+    )
+    assert result.returncode == 0, repr(result)
+    import json
+
+    report = json.loads((out_dir / "model_sweep.json").read_text())
+    status = {r["op"]: r["status"] for r in report["results"]}
+    assert status == {"aten::add.Tensor": "fail", "aten::mm": "crash", "aten::_softmax": "not-called"}
+    add = next(r for r in report["results"] if r["op"] == "aten::add.Tensor")
+    assert add["calls"] and all(c["stage"] for c in add["calls"])
+    assert "mismatch at aten::add.Tensor(" in add["message"]
+    conf = (out_dir / "flaggems_cuda.conf").read_text()
+    routes = [line.split("#")[0].strip() for line in conf.splitlines() if "=" in line.split("#")[0]]
+    assert routes == ["aten::_softmax = flaggems"]
+    assert "#   aten::mm: crash: the process died: exit status 3" in conf
+    assert "#   aten::add.Tensor: fail: mismatch at" in conf
+    assert conf.startswith(
+        "# from the OpInfo sweep\n# Model shapes (tests/opinfo/flaggems_model_sweep.py, Qwen3 tiny"
+    )
+    import torch_fl.routing as routing
+
+    (tmp_path / "gen.conf").write_text(conf)
+    routing.load_config(str(tmp_path / "gen.conf"))
+    try:
+        assert routing.table()["aten::_softmax"]["requested"] == "flaggems"
+        assert "aten::mm" not in routing.table()
+    finally:
+        routing.load_config(None)
+    assert "| `aten::mm` | crash | 0 |" in (out_dir / "model_sweep.md").read_text()

@@ -485,18 +485,23 @@ def run_worker(args) -> int:
     return 0
 
 
-def run_phase(phase: str, items: list, common: dict, args, deadline: float, item_key) -> list[dict]:
+def run_phase(
+    phase: str, items: list, common: dict, args, deadline: float, item_key, command: list[str] | None = None
+) -> list[dict]:
     """Runs `items` in up to --workers worker processes (round-robin shards), restarting a worker that died
-    after the item it was on; returns every record the workers wrote, plus {'crash': item} records."""
+    after the item it was on; returns every record the workers wrote, plus {'crash': item} records.
+
+    A worker is `command` (default: this script with the sweep's options) plus ``--worker TASK --results
+    RESULTS``: TASK is a JSON file {"phase", "items", "deadline", **common}; the worker appends JSON lines
+    to RESULTS, {"begin": key} before an item and its result record after it."""
     workers = max(1, min(args.workers, len(items)))
     shards = [items[i::workers] for i in range(workers)]
     records: list[dict] = []
     tmp = tempfile.mkdtemp(prefix=f"flaggems_sweep_{phase}_")
-    script = os.path.abspath(__file__)
-    base = (
+    base = command or (
         [
             sys.executable,
-            script,
+            os.path.abspath(__file__),
             "--max-samples",
             str(args.max_samples),
             "--max-opinfos",
