@@ -18,14 +18,21 @@ each, and reports medians and the flagos/reference ratios: times (lower is bette
 rules: every op on the native route where the native device has a kernel) or paths of config files
 (``torch_fl.routing.load_config``; see docs/routing.md).
 
+``--top-ops N`` (0, off, by default): after each config's measurements, one prefill, one decode and one
+training step on flagos run under ``torch.profiler``, and the N aten ops with the most self device time
+are listed: calls, self device time (the kernels attributed to the op where flagos runs on CUDA, else
+self CPU time: the simulated accelerator's kernels are host code) and its share of all aten ops', self
+CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op under the config.
+
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
-                               [--configs native,my.conf] [--threads N]
+                               [--configs native,my.conf] [--threads N] [--top-ops N]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -140,6 +147,85 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
     return results
 
 
+def _explain(name: str) -> str | None:
+    try:
+        return torch_fl.routing.explain(name)
+    except (torch_fl.routing.RoutingError, RuntimeError):
+        return None
+
+
+def _backend_of(name: str) -> str | None:
+    """The backend word of ``torch_fl.routing.explain(name)``; where ``name`` runs a composite kernel
+    calling a routed op ('probably aten::mm.out'), that op's; ``flagos`` for ops with a kernel of their own."""
+    text = _explain(name)
+    piece = text and re.search(r"\(probably (\S+)\)", text)
+    text = (piece and _explain(piece.group(1))) or text
+    if not text:
+        return None
+    if "a kernel of its own" in text:
+        return "flagos"
+    return text.partition(" -> ")[2].split(" ", 1)[0] or None
+
+
+def _backend(op: str) -> str:
+    """Which flagos backend serves ``op`` (a profiler name, no overload) under the current config: for a
+    name without a default overload (aten::add), its functional overloads' backends, '/'-joined where they
+    differ; '?' where explain cannot say."""
+    backend = _backend_of(op)
+    if backend is None:
+        try:
+            overloads = getattr(torch.ops.aten, op.removeprefix("aten::")).overloads()
+        except (AttributeError, RuntimeError):
+            overloads = []
+        backends = {_backend_of(f"{op}.{overload}") for overload in overloads if not overload.endswith("out")}
+        backend = "/".join(sorted(backends - {None}))
+    return backend or "?"
+
+
+def _self_device_us(event) -> float:
+    """The kernel time attributed to a profiler event (``self_cuda_time_total`` before torch 2.4)."""
+    value = getattr(event, "self_device_time_total", None)
+    return event.self_cuda_time_total if value is None else value
+
+
+def top_ops(fl: Workload, n: int) -> None:
+    """Profiles one prefill, decode and training step on flagos and prints the ``n`` aten ops with the
+    most self device time. The profiler names events without their overload, so a call nested in one of
+    the same name (flagos's composite aten::mm calling aten::mm.out) is counted once."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = torch_fl.accelerator() == "cuda" and torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        fl.prefill()
+        fl.decode()
+        fl.train()
+    _qwen3.let_autograd_threads_finish()
+    ops: dict[str, list[float]] = {}  # name -> [calls, self device us, self CPU us]
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        row = ops.setdefault(event.name, [0, 0.0, 0.0])
+        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
+        row[1] += _self_device_us(event) if on_cuda else event.self_cpu_time_total
+        row[2] += event.self_cpu_time_total
+    total = sum(row[1] for row in ops.values()) or 1.0
+    top = sorted(ops.items(), key=lambda kv: -kv[1][1])[:n]
+    device = "CUDA kernels" if on_cuda else f"self CPU, flagos on '{torch_fl.accelerator()}'"
+    print(
+        f"  top {len(top)} aten ops on flagos, one prefill, decode and train step profiled "
+        f"(device time: {device}; {total / 1e3:.2f} ms in all aten ops)"
+    )
+    width = max(len(name) for name, _ in top) if top else 0
+    print(f"    {'op':{width}}{'calls':>8}{'device ms':>12}{'share':>8}{'host ms':>12}   backend")
+    for name, (calls, device_us, cpu_us) in top:
+        print(
+            f"    {name:{width}}{calls:8d}{device_us / 1e3:12.2f}{device_us / total:8.1%}"
+            f"{cpu_us / 1e3:12.2f}   {_backend(name)}"
+        )
+
+
 def _use_config(config: str, native_file: str) -> str:
     """Resets routing and loads ``config``; returns how to name it."""
     torch_fl.routing.reset(all=True)
@@ -164,9 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, help="training batch (2)")
     parser.add_argument("--train-length", type=int, help="training sequence length (tiny 128, 0.6b 512)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--top-ops", type=int, default=0, metavar="N", help="profile flagos, list the N costliest aten ops"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.top_ops < 0:
+        parser.error("--top-ops must be 0 (off) or more")
     if args.new_tokens is not None and args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2")
     if args.threads:
@@ -228,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             for label, on_ref, on_fl, ratio in rows:
                 print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio}")
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
+            if args.top_ops:
+                top_ops(fl, args.top_ops)
     torch_fl.routing.reset(all=True)
     return 0
 

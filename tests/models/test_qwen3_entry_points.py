@@ -149,3 +149,21 @@ def test_benchmark_with_model(run_python, checkpoint, tmp_path):
     counts = sections[1].split("op calls on flagos by backend:")[1].splitlines()[0]
     if "n/a" not in counts:  # torch_fl.routing.counts() exists: mm.out ran on the cpu backend
         assert re.search(r"\bcpu [1-9]", counts), counts
+
+
+def test_benchmark_top_ops(run_python, qwen3):
+    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--shape", qwen3.shape, "--repeats", "1"]
+    args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
+    result = run_python("", args=[*args, "--top-ops", "3"], timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    table = result.stdout.split("top 3 aten ops on flagos, one prefill, decode and train step profiled")
+    assert len(table) == 2, result.stdout
+    lines = table[1].splitlines()[1:]
+    header = ["op", "calls", "device", "ms", "share", "host", "ms", "backend"]
+    assert lines[0].split() == header, result.stdout
+    row = re.compile(r"    (aten::\S+) +(\d+) +([\d.]+) +([\d.]+)% +([\d.]+)   (\S+)")
+    rows = [row.fullmatch(line) for line in lines[1:] if line.startswith("    aten::")]
+    assert len(rows) == 3 and all(rows), result.stdout
+    times = [float(match[3]) for match in rows]
+    assert times == sorted(times, reverse=True) and times[0] > 0, result.stdout
+    assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
