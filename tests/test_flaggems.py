@@ -479,8 +479,9 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
 @pytest.mark.slow
 def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     # tests/opinfo/flaggems_model_sweep.py end to end on the simulated accelerator with the stand-in
-    # FlagGems and the tiny Qwen3: add.Tensor made wrong, mm ending the process, _softmax not called by
-    # the model (its route stays), the config's comments and includes kept.
+    # FlagGems and the tiny Qwen3: add.Tensor made wrong (and add.out with it, an adapter around the same
+    # function), mm ending the process, _softmax not called by the model (its route stays), the config's
+    # comments and includes kept.
     pytest.importorskip("transformers", minversion="5.0")
     repo = pathlib.Path(__file__).parent.parent
     (tmp_path / "cuda.conf").write_text("")
@@ -488,6 +489,7 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     candidate.write_text(
         "# from the OpInfo sweep\ninclude cuda.conf\n\n"
         "aten::add.Tensor = flaggems   # passed\naten::mm = flaggems\naten::_softmax = flaggems\n"
+        "aten::add.out = flaggems\n"
     )
     out_dir = tmp_path / "out"
     result = run_python(
@@ -503,7 +505,15 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
 
     report = json.loads((out_dir / "model_sweep.json").read_text())
     status = {r["op"]: r["status"] for r in report["results"]}
-    assert status == {"aten::add.Tensor": "fail", "aten::mm": "crash", "aten::_softmax": "not-called"}
+    # add.out is not called by the model, but its adapter runs the failing add.Tensor function.
+    assert status == {
+        "aten::add.Tensor": "fail",
+        "aten::add.out": "fail",
+        "aten::mm": "crash",
+        "aten::_softmax": "not-called",
+    }
+    add_out = next(r for r in report["results"] if r["op"] == "aten::add.out")
+    assert add_out["message"].startswith("its adapter runs FlagGems' function for aten::add.Tensor: mismatch")
     add = next(r for r in report["results"] if r["op"] == "aten::add.Tensor")
     assert add["calls"] and all(c["stage"] for c in add["calls"])
     assert "mismatch at aten::add.Tensor(" in add["message"]

@@ -16,9 +16,10 @@ such ops one by one and takes them out of the config.
    and the arguments are compared (in-place and out= ops mutate them) at the OpInfo sweep's tolerances.
    A CUDA error (an illegal memory access poisons the whole process) or a dying worker marks the op
    ``crash``; a new worker goes on with the other ops.
-3. Outputs in ``--out-dir``: ``model_sweep.json``; ``model_sweep.md`` (the table for docs/flaggems.md);
-   ``flaggems_cuda.conf``: the ``--config`` file with every op that failed here taken out of the routes
-   and listed, with the reason, in an excluded section.
+3. An ``out`` overload that FlagGems serves through an adapter around a failing functional op fails with
+   it (the same function runs). Outputs in ``--out-dir``: ``model_sweep.json``; ``model_sweep.md`` (the
+   table for docs/flaggems.md); ``flaggems_cuda.conf``: the ``--config`` file with every op that failed
+   here taken out of the routes and listed, with the reason, in an excluded section.
 
     python -m tests.opinfo.flaggems_model_sweep --config flaggems_cuda.conf --out-dir /tmp/model-sweep
 
@@ -329,6 +330,19 @@ def run_worker(args) -> int:
 
 # ---- 3. outputs ------------------------------------------------------------------------------------------
 
+
+def extend_to_adapters(results: dict[str, OpResult], adapted: dict[str, str]) -> None:
+    """An ``out`` overload served by an adapter (torch_fl._flaggems: FlagGems' functional function, then a
+    copy into ``out``) runs the very function of its functional op: where the model never called the
+    overload itself, it fails with that op."""
+    for op, result in results.items():
+        source = results.get(adapted.get(op, ""))
+        if result.status == "not-called" and source is not None and source.status in ("fail", "crash"):
+            results[op] = OpResult(
+                op, source.status, f"its adapter runs FlagGems' function for {source.op}: {source.message}"
+            )
+
+
 _ROUTE = re.compile(r"^\s*(\S+)\s*=\s*flaggems\b")
 
 
@@ -465,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             results[r["crash"]] = OpResult(r["crash"], "crash", f"the process died: {why}")
         else:
             results[r["op"]] = OpResult(**r)
+    extend_to_adapters(results, _flaggems.load().adapted)
     os.remove(recording)
     os.rmdir(tmp)
     header = {
