@@ -386,23 +386,13 @@ def write_config(path: str, config: str, results: dict[str, OpResult], header: d
 
 
 def write_markdown(path: str, results: dict[str, OpResult], header: dict) -> None:
-    counts = collections.Counter(r.status for r in results.values())
-    lines = [
-        f"Model-shape sweep: Qwen3 {header['shape']} ({', '.join(header['stages'])}); {header['environment']}, "
-        f"{header['date']}; {header['seconds']:.0f} s.",
-        "",
-        "| status | ops |",
-        "|---|---:|",
-        *[f"| {status} | {counts[status]} |" for status in STATUSES if counts[status]],
-        "",
-        "| op | status | calls | note |",
-        "|---|---|---:|---|",
-    ]
-    for r in sorted(results.values(), key=lambda r: (STATUSES.index(r.status), r.op)):
-        note = r.message.replace("|", "\\|")[:200]
-        lines.append(f"| `{r.op}` | {r.status} | {len(r.calls)} | {note} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    intro = (
+        f"Model-shape sweep: Qwen3 {header['shape']} ({', '.join(header['stages'])}); "
+        f"{header['environment']}, {header['date']}; {header['seconds']:.0f} s."
+    )
+    sweep.write_status_markdown(
+        path, intro, STATUSES, results, ["calls", "note"], lambda r: [len(r.calls), r.message[:200]]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -625,30 +625,41 @@ def write_config(path: str, results: dict[str, OpResult], header: dict) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def write_markdown(path: str, results: dict[str, OpResult], header: dict) -> None:
+def write_status_markdown(path: str, intro: str, statuses, results: dict, columns: list[str], row) -> None:
+    """The markdown for docs/flaggems.md: `intro`, ops per status, then one row per op (by status, then
+    name): `columns` are the headers after `op | status`, `row(result)` their cells."""
     counts = collections.Counter(r.status for r in results.values())
     lines = [
-        f"Sweep: {header['environment']}, {header['date']}; dtypes {', '.join(header['dtypes'])}, up to "
-        f"{header['max_samples']} samples x {header['max_opinfos']} OpInfos per op and dtype; "
-        f"{header['seconds']:.0f} s.",
+        intro,
         "",
         "| status | ops |",
         "|---|---:|",
-        *[f"| {status} | {counts[status]} |" for status in STATUSES if counts[status]],
+        *[f"| {status} | {counts[status]} |" for status in statuses if counts[status]],
         "",
-        "| op | status | dtypes passed | samples | OpInfos | note |",
-        "|---|---|---|---:|---|---|",
+        "| op | status | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
     ]
-    for result in sorted(results.values(), key=lambda r: (STATUSES.index(r.status), r.op)):
+    for result in sorted(results.values(), key=lambda r: (statuses.index(r.status), r.op)):
+        cells = [str(cell).replace("|", "\\|") for cell in row(result)]
+        lines.append(f"| `{result.op}` | {result.status} | " + " | ".join(cells) + " |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_markdown(path: str, results: dict[str, OpResult], header: dict) -> None:
+    def row(result):
         dtypes = sorted({c["dtype"] for c in result.cases if c["status"] == "pass"})
         samples = sum(c["samples"] for c in result.cases)
         opinfos = sorted({c["opinfo"] for c in result.cases})
-        note = result.message.replace("|", "\\|")[:160]
-        lines.append(
-            f"| `{result.op}` | {result.status} | {'/'.join(dtypes)} | {samples} | {', '.join(opinfos[:4])} | {note} |"
-        )
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        return ["/".join(dtypes), samples, ", ".join(opinfos[:4]), result.message[:160]]
+
+    intro = (
+        f"Sweep: {header['environment']}, {header['date']}; dtypes {', '.join(header['dtypes'])}, up to "
+        f"{header['max_samples']} samples x {header['max_opinfos']} OpInfos per op and dtype; "
+        f"{header['seconds']:.0f} s."
+    )
+    columns = ["dtypes passed", "samples", "OpInfos", "note"]
+    write_status_markdown(path, intro, STATUSES, results, columns, row)
 
 
 def main(argv: list[str] | None = None) -> int:
