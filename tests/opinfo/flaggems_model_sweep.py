@@ -49,6 +49,7 @@ _TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS_DIR not in sys.path:  # `python -m tests.opinfo.flaggems_model_sweep` or as a script
     sys.path.insert(0, _TESTS_DIR)
 
+from opinfo import flaggems_common as common  # noqa: E402
 from opinfo import flaggems_sweep as sweep  # noqa: E402
 from opinfo import harness  # noqa: E402
 
@@ -233,11 +234,11 @@ def compare(op: str, expected, actual) -> str:
             continue
         if a.device.type != e.device.type:
             return f"tensor {i} on {a.device.type}, expected on {e.device.type}"
-        rtol, atol = sweep.tolerance(e.dtype, op)
+        rtol, atol = common.tolerance(e.dtype, op)
         try:
             torch.testing.assert_close(as_native(a), as_native(e), rtol=rtol, atol=atol, equal_nan=True)
         except AssertionError as exc:
-            return f"tensor {i}: {sweep.mismatch_message(exc)}"
+            return f"tensor {i}: {common.mismatch_message(exc)}"
     return ""
 
 
@@ -259,7 +260,7 @@ def replay(op: str, call: dict) -> CallResult:
         torch.flagos.synchronize()
     except Exception as exc:  # noqa: BLE001  (the reference's error is what flaggems must match)
         ref_exc = exc
-    with sweep.CallCounter(op) as counter, routing.override({op: "flaggems"}):
+    with common.CallCounter(op) as counter, routing.override({op: "flaggems"}):
         try:
             actual = func(*dut_args, **dut_kwargs)
             torch.flagos.synchronize()
@@ -290,7 +291,7 @@ def op_status(calls: list[CallResult]) -> tuple[str, str]:
 def run_worker(args) -> int:
     with open(args.worker) as f:
         task = json.load(f)
-    reason = sweep.check_environment(stand_in=args.stand_in)
+    reason = common.check_environment(stand_in=args.stand_in)
     if reason:
         print(f"flaggems_model_sweep worker: {reason}", file=sys.stderr)
         return 2
@@ -390,7 +391,7 @@ def write_markdown(path: str, results: dict[str, OpResult], header: dict) -> Non
         f"Model-shape sweep: Qwen3 {header['shape']} ({', '.join(header['stages'])}); "
         f"{header['environment']}, {header['date']}; {header['seconds']:.0f} s."
     )
-    sweep.write_status_markdown(
+    common.write_status_markdown(
         path, intro, STATUSES, results, ["calls", "note"], lambda r: [len(r.calls), r.message[:200]]
     )
 
@@ -418,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_worker(args)
 
     start = time.time()
-    reason = sweep.check_environment(stand_in=args.stand_in)
+    reason = common.check_environment(stand_in=args.stand_in)
     if reason:
         print(f"flaggems_model_sweep: cannot run here: {reason}", file=sys.stderr)
         return 2
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         log(f"not routable FlagGems ops here, left as they are: {', '.join(unknown)}")
     ops = [op for op in ops if op in routable]
-    log(f"{sweep.environment_line()}; {len(ops)} ops")
+    log(f"{common.environment_line()}; {len(ops)} ops")
     calls = record(set(ops), shape, args.max_signatures, log)
     stages = sorted({c["stage"] for per_op in calls.values() for c in per_op.values()})
     tmp = tempfile.mkdtemp(prefix="flaggems_model_sweep_")
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 
     called = sweep.priority_order([op for op in ops if calls.get(op)])
     command = [sys.executable, os.path.abspath(__file__)] + (["--stand-in"] if args.stand_in else [])
-    records = sweep.run_phase(
+    records = common.run_phase(
         "model",
         [{"op": op} for op in called],
         {"recording": recording},
@@ -473,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     os.remove(recording)
     os.rmdir(tmp)
     header = {
-        "environment": sweep.environment_line(),
+        "environment": common.environment_line(),
         "date": datetime.date.today().isoformat(),
         "shape": shape,
         "stages": stages,
