@@ -439,28 +439,39 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
 
     report = json.loads((out_dir / "flaggems_sweep.json").read_text())
     status = {r["op"]: r["status"] for r in report["results"]}
-    # Every op is routed while the OpInfos run, so calls stop at the functional overloads (torch.mm at
-    # aten::mm, not at the aten::mm.out its composite would call); the stand-in's _to_copy, which ignores
-    # the target device, is caught moving results to the CPU.
+    # Every op is routed while the OpInfos run, so calls stop at the overload they name: the function
+    # (torch.mm at aten::mm, not at the aten::mm.out its composite would call), the in-place variant
+    # (add_.Tensor) and out= (add.out, mm.out: the adapters around add and mm). The out overloads of the
+    # wrong softmax and the crashing max.dim fail and crash with them (their adapters call the same
+    # functions); the stand-in's _to_copy, which ignores the target device, is caught moving results to
+    # the CPU.
     assert status == {
         "aten::mm": "pass",
-        "aten::mm.out": "no-opinfo",
+        "aten::mm.out": "pass",
         "aten::_softmax": "fail",
-        "aten::_softmax.out": "no-opinfo",
+        "aten::_softmax.out": "fail",
         "aten::add.Tensor": "pass",
-        "aten::add.out": "no-opinfo",
-        "aten::add_.Tensor": "no-opinfo",
+        "aten::add.out": "pass",
+        "aten::add_.Tensor": "pass",
         "aten::index_select": "no-opinfo",
         "aten::index_select.out": "no-opinfo",
         "aten::max.dim": "crash",
-        "aten::max.dim_max": "no-opinfo",
+        "aten::max.dim_max": "crash",
         "aten::_to_copy": "fail",
     }
+    cases = {c["opinfo"] for r in report["results"] for c in r["cases"]}
+    assert {"add@inplace", "add@out", "mm@out"} <= cases
     softmax = next(r for r in report["results"] if r["op"] == "aten::_softmax")
     assert "Greatest absolute difference" in softmax["message"]
     conf = (out_dir / "flaggems_cuda.conf").read_text()
     routes = [line.split("#")[0].strip() for line in conf.splitlines() if "=" in line.split("#")[0]]
-    assert routes == ["aten::add.Tensor = flaggems", "aten::mm = flaggems"]
+    assert routes == [
+        "aten::add.Tensor = flaggems",
+        "aten::add.out = flaggems",
+        "aten::add_.Tensor = flaggems",
+        "aten::mm = flaggems",
+        "aten::mm.out = flaggems",
+    ]
     assert "#   aten::_softmax: mismatch in float32 (softmax)" in conf
     assert "#   aten::max.dim: exit status 3" in conf
     # The generated config is one the router accepts (next to the package's cuda.conf it includes).

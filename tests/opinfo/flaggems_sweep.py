@@ -8,7 +8,8 @@ every sample of every (OpInfo, dtype) matched.
 
 1. Discovery: which OpInfos reach which of those ops. Each op is given a recording implementation on the
    ``python`` backend (it calls the native CUDA kernel, so no Triton compiles), the first sample of every
-   OpInfo runs on flagos, and the recorders say which ops it reached.
+   OpInfo runs on flagos in each of its variants (function, in-place, out=, forward and backward:
+   opinfo/variants.py), and the recorders say which ops it reached.
 2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
    on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
    ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
@@ -56,6 +57,7 @@ from opinfo.flaggems_common import (  # noqa: E402, F401  (re-exported: tests us
     tolerance,
     write_status_markdown,
 )
+from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -137,17 +139,26 @@ def priority_order(ops: list[str]) -> list[str]:
 # ---- comparing one sample ----------------------------------------------------------------------------
 
 
-def compare_sample(opinfo, sample, op: str, dtype: torch.dtype) -> tuple[str, str]:
-    """Runs `sample` natively on CUDA and on flagos (the caller routes `op` to flaggems); ('pass'|'mismatch'|
-    'error', message)."""
-    dut = harness.move_sample(sample, "flagos")  # before the reference: in-place variants mutate the input
+def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "") -> tuple[str, str]:
+    """Runs `sample` (the `variant` way) natively and on flagos (the caller routes `op` to flaggems);
+    ('pass'|'mismatch'|'error', message). The reference is CUDA, except for "grad": a CUDA backward cannot
+    run in a process that imported torch_fl (pytorch#161129), so there it is flagos with `op` on the native
+    route, which runs CUDA's kernels."""
+    from torch_fl import routing
+
+    dut = move_for_variant(sample, variant, "flagos")  # before the reference: in-place variants mutate it
+    ref_sample = move_for_variant(sample, variant, "flagos") if variant == "grad" else sample
     ref_exc = None
     try:
-        expected = harness._run(opinfo, sample)
+        if variant == "grad":
+            with routing.override({op: "native"}):
+                expected = run_variant(opinfo, variant, ref_sample)
+        else:
+            expected = run_variant(opinfo, variant, ref_sample)
     except Exception as exc:  # noqa: BLE001
         ref_exc = exc
     try:
-        actual = harness._run(opinfo, dut)
+        actual = run_variant(opinfo, variant, dut)
     except harness.SampleTimeout:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -166,7 +177,7 @@ def compare_sample(opinfo, sample, op: str, dtype: torch.dtype) -> tuple[str, st
         torch.testing.assert_close(
             harness.to_cpu(actual), harness.to_cpu(expected), rtol=rtol, atol=atol, equal_nan=True
         )
-        if opinfo.name.endswith("_") and isinstance(sample.input, torch.Tensor):
+        if (opinfo.name.endswith("_") or variant == "inplace") and isinstance(sample.input, torch.Tensor):
             torch.testing.assert_close(
                 harness.to_cpu(dut.input), sample.input.cpu(), rtol=rtol, atol=atol, equal_nan=True
             )
@@ -198,17 +209,19 @@ class OpResult:
     seconds: float = 0.0
 
 
-def sweep_case(op: str, opinfo, dtype: torch.dtype, max_samples: int, sample_timeout_s: float) -> CaseResult:
+def sweep_case(
+    op: str, opinfo, variant: str, dtype: torch.dtype, max_samples: int, sample_timeout_s: float
+) -> CaseResult:
     from torch_fl import routing
 
     start = time.perf_counter()
-    key, dname = harness.op_key(opinfo), harness.dtype_name(dtype)
+    key, dname = case_key(harness.op_key(opinfo), variant), harness.dtype_name(dtype)
     torch.manual_seed(0)
     try:
         with harness.time_limit(sample_timeout_s):
             samples = list(
                 _first(
-                    opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=False),
+                    opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=variant == "grad"),
                     max_samples if max_samples > 0 else None,
                 )
             )
@@ -222,7 +235,7 @@ def sweep_case(op: str, opinfo, dtype: torch.dtype, max_samples: int, sample_tim
         for sample in samples:
             try:
                 with harness.time_limit(sample_timeout_s):
-                    status, message = compare_sample(opinfo, sample, op, dtype)
+                    status, message = compare_sample(opinfo, sample, op, dtype, variant)
             except Exception as exc:  # noqa: BLE001  (the sweep must never stop on one sample)
                 status, message = "error", harness.short_message(exc)
             counts[status] += 1
@@ -274,8 +287,8 @@ def op_status(op: str, cases: list[CaseResult]) -> tuple[str, str]:
 def discover(
     ops: list[str], opinfos: list, dtypes: list[torch.dtype], sample_timeout_s: float, deadline: float
 ):
-    """For each OpInfo (first sample, first of `dtypes` it supports on CUDA), the ops of `ops` it reaches on
-    flagos: yields (opinfo key, [ops])."""
+    """For each OpInfo and each of its VARIANTS (first sample, first of `dtypes` it supports on CUDA), the
+    ops of `ops` it reaches on flagos: yields (case key, [ops])."""
     from torch_fl import routing
 
     hits: set[str] = set()
@@ -302,20 +315,25 @@ def discover(
             dtype = next((d for d in dtypes if d in supported), None)
             if dtype is None:
                 continue
-            hits.clear()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    with harness.time_limit(sample_timeout_s):
-                        torch.manual_seed(0)
-                        sample = next(
-                            iter(opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=False)), None
-                        )
-                        if sample is not None:
-                            harness._run(opinfo, harness.move_sample(sample, "flagos"))
-                except Exception:  # noqa: BLE001  (a failing sample still says which ops it reached)
-                    pass
-            yield harness.op_key(opinfo), sorted(hits)
+            # The function last: its record tells the worker pool the OpInfo is done (run_phase), so a
+            # crash in any variant is the OpInfo's.
+            for variant in (*VARIANTS[1:], VARIANTS[0]):
+                if not has_variant(opinfo, variant):
+                    continue
+                hits.clear()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        with harness.time_limit(sample_timeout_s):
+                            torch.manual_seed(0)
+                            grad = variant == "grad"
+                            samples = opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=grad)
+                            sample = next(iter(samples), None)
+                            if sample is not None:
+                                run_variant(opinfo, variant, move_for_variant(sample, variant, "flagos"))
+                    except Exception:  # noqa: BLE001  (a failing sample still says which ops it reached)
+                        pass
+                yield case_key(harness.op_key(opinfo), variant), sorted(hits)
     finally:
         for name in ops:
             routing.unregister_python_impl(name)
@@ -354,11 +372,12 @@ def run_worker(args) -> int:
             start = time.perf_counter()
             cases = []
             for key in keys[: args.max_opinfos]:
-                opinfo = db[key]
+                opinfo_key, variant = split_case(key)
+                opinfo = db[opinfo_key]
                 supported = harness.supported_dtypes(opinfo, REFERENCE[0])
                 for dtype in dtypes:
                     if dtype in supported:
-                        case = sweep_case(op, opinfo, dtype, args.max_samples, args.sample_timeout)
+                        case = sweep_case(op, opinfo, variant, dtype, args.max_samples, args.sample_timeout)
                         cases.append(case)
                         if args.verbose:
                             print(
@@ -534,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         for record in records:
             for op in record.get("ops", []):
                 op_map.setdefault(op, []).append(record["opinfo"])
-        discovered = sum(1 for r in records if "opinfo" in r)
+        discovered = len({split_case(r["opinfo"])[0] for r in records if "opinfo" in r})
         print(
             f"flaggems_sweep: discovery ran {discovered} of {len(opinfos)} OpInfos in {time.time() - start:.0f} s"
         )

@@ -1,0 +1,76 @@
+"""The ways an OpInfo sample is run (tests/opinfo/flaggems_sweep.py): the OpInfo's function, its in-place
+variant, with out=, or forward and backward. On flagos backed by CUDA each reaches other ATen overloads
+(aten::abs, aten::abs_, aten::abs.out; for the backward aten::silu_backward, ...), so a sweep that wants
+every overload exercised runs every variant an OpInfo has."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map
+
+from opinfo import harness
+
+# "": the function; "grad": forward and backward. A case is an OpInfo key with its variant: "abs@inplace".
+VARIANTS = ("", "inplace", "out", "grad")
+
+
+def case_key(opinfo_key: str, variant: str) -> str:
+    return f"{opinfo_key}@{variant}" if variant else opinfo_key
+
+
+def split_case(key: str) -> tuple[str, str]:
+    opinfo_key, _, variant = key.partition("@")
+    return opinfo_key, variant
+
+
+def has_variant(opinfo, variant: str) -> bool:
+    if variant == "inplace":
+        return opinfo.inplace_variant is not None
+    if variant == "out":
+        return bool(opinfo.supports_out)
+    if variant == "grad":
+        return bool(opinfo.supports_autograd)
+    return True
+
+
+def move_for_variant(sample, variant: str, device: str):
+    """`sample` on `device`; for "grad" its tensors that require grad do on `device` too (leaves)."""
+    if variant != "grad":
+        return harness.move_sample(sample, device)
+
+    def move(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
+
+    return harness.MovedSample(
+        tree_map(move, sample.input),
+        tuple(tree_map(move, tuple(sample.args))),
+        tree_map(move, dict(sample.kwargs)),
+    )
+
+
+def run_variant(opinfo, variant: str, sample):
+    """Runs `sample` the `variant` way; for "grad": (outputs, gradients of the inputs that require grad,
+    for fixed random output gradients)."""
+    args, kwargs = sample.args, sample.kwargs
+    if variant == "inplace":
+        return opinfo.inplace_variant(sample.input, *args, **kwargs)
+    result = opinfo(sample.input, *args, **kwargs)
+    if variant == "out":
+        # The functional result shapes the out= tensors (torch resizes empty ones without a warning).
+        def empty_like(t):
+            return t.new_empty(0) if isinstance(t, torch.Tensor) else t
+
+        out = tuple(map(empty_like, result)) if isinstance(result, tuple) else empty_like(result)
+        return opinfo(sample.input, *args, **kwargs, out=out)
+    if variant != "grad":
+        return result
+    outputs = [t for t in harness._tensors(result) if t.requires_grad]
+    inputs = [t for t in harness._tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+    if not outputs or not inputs:
+        return result
+    generator = torch.Generator().manual_seed(0)
+    grad_outputs = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outputs]
+    grads = torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)
+    return [o.detach() for o in outputs], [g for g in grads if g is not None]
