@@ -175,12 +175,11 @@ def record(ops: set[str], shape: str, max_signatures: int, log) -> dict[str, dic
         model.train()
         _qwen3.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), prompt)
     del model
-    if dtype != torch.float32 or shape == "tiny":
-        fp32 = _qwen3.copy_to(master, "flagos", torch.float32).train()
-        with recorder:
-            stage("train (float32 under bfloat16 autocast)")
-            _qwen3.train_step(fp32, torch.optim.AdamW(fp32.parameters(), lr=1e-3), prompt, autocast=True)
-        del fp32
+    fp32 = _qwen3.copy_to(master, "flagos", torch.float32).train()
+    with recorder:
+        stage("train (float32 under bfloat16 autocast)")
+        _qwen3.train_step(fp32, torch.optim.AdamW(fp32.parameters(), lr=1e-3), prompt, autocast=True)
+    del fp32
     torch.flagos.synchronize()
     return dict(recorder.calls)
 
