@@ -255,8 +255,10 @@ def replay(op: str, call: dict) -> CallResult:
     dut_args, dut_kwargs = fresh()
     ref_exc = None
     try:
-        expected = func(*ref_args, **ref_kwargs)
-        torch.flagos.synchronize()
+        # Native whatever a config or FLAGOS_OP_* variable in the environment says.
+        with routing.override({op: "native"}):
+            expected = func(*ref_args, **ref_kwargs)
+            torch.flagos.synchronize()
     except Exception as exc:  # noqa: BLE001  (the reference's error is what flaggems must match)
         ref_exc = exc
     with common.CallCounter(op) as counter, routing.override({op: "flaggems"}):
