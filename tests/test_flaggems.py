@@ -546,3 +546,46 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     finally:
         routing.load_config(None)
     assert "| `aten::mm` | crash | 0 |" in (out_dir / "model_sweep.md").read_text()
+
+
+@pytest.mark.slow
+def test_sweep_variants_reach_their_overloads():
+    # The four ways the FlagGems sweep runs an OpInfo sample, on flagos: each reaches its own overload of
+    # abs (the python backend records which), computes what the CPU computes, and "grad" returns the
+    # gradient autograd gives.
+    import torch
+    from opinfo import harness, variants
+
+    from torch_fl import routing
+
+    opinfo = harness.load_op_db()["abs"]
+    sample = next(iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True)))
+    reached = []
+
+    def recorder(name, native):
+        def record(*args, **kwargs):
+            reached.append(name)
+            return native(*args, **kwargs)
+
+        return record
+
+    names = {"aten::abs": torch.ops.aten.abs.default, "aten::abs_": torch.ops.aten.abs_.default}
+    names["aten::abs.out"] = torch.ops.aten.abs.out
+    for name, native in names.items():
+        routing.register_python_impl(name, recorder(name, native))
+    try:
+        for variant, expected_op in [("", "aten::abs"), ("inplace", "aten::abs_"), ("out", "aten::abs.out")]:
+            reached.clear()
+            moved = variants.move_for_variant(sample, variant, "flagos")
+            result = variants.run_variant(opinfo, variant, moved)
+            assert expected_op in reached, (variant, reached)
+            torch.testing.assert_close(result.cpu(), sample.input.detach().abs())
+        outputs, grads = variants.run_variant(
+            opinfo, "grad", variants.move_for_variant(sample, "grad", "flagos")
+        )
+    finally:
+        for name in names:
+            routing.unregister_python_impl(name)
+    g = torch.randn(sample.input.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(grads[0].cpu(), g * sample.input.detach().sign())
+    assert variants.split_case(variants.case_key("abs", "grad")) == ("abs", "grad")
