@@ -14,6 +14,7 @@
 
 #include <unordered_map>
 
+#include "ops/aliasing.h"
 #include "ops/python_route.h"
 #include "ops/router.h"
 #include "python/bindings.h"
@@ -90,10 +91,10 @@ class Arguments {
   c10::SmallVector<PyObject*, 12> items_;
 };
 
+// With the GIL held, on the aliased arguments.
 void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  py::gil_scoped_acquire gil;
   // Copied out: the implementation may change routes and call this op again, which replaces the plan.
   const CallPlan& plan = plan_for(op);
   PyObject* const fn = plan.fn;
@@ -122,6 +123,17 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// The GIL is held for the whole call, aliasing and adoption included, not only around the Python call:
+// the aliases and the results get Python objects during the call, and torch keeps the Python object of
+// a tensor that C++ still references alive past its last Python reference, releasing it when the
+// TensorImpl dies, under the GIL. Those TensorImpls die after the call (the aliases with the call's
+// AliasScope, the native results when adopted), so without the GIL held there, each of them would take
+// the GIL again, one after another.
+void run_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  ops::call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { call_python_impl(op, s); });
+}
+
 // torch_fl._flaggems._load_from_router() imports FlagGems (if it can), registers its functions with the
 // router and decides availability; it catches its own errors, so an exception here is unexpected and
 // becomes the reason the backend is unavailable.
@@ -140,8 +152,8 @@ void load_flaggems() {
 
 }  // namespace
 
-void install_python_impl_caller() {
-  ops::set_python_impl_caller(&call_python_impl);
+void install_python_route() {
+  ops::set_python_route_runner(&run_python_route);
   ops::set_flaggems_loader(&load_flaggems);
 }
 
