@@ -1,7 +1,7 @@
 """Host overhead of the flaggems route against FlagGems called directly on CUDA tensors, in one process.
 
 For about 20 transformer ops on tiny tensors (so that host time dominates), each op is launched N times
-(then one synchronize; median of R repeats) in three ways:
+(then one synchronize; median of R repeats, the three ways taking turns in each repeat) in three ways:
 
 - ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
 - ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems`` (router,
@@ -25,6 +25,7 @@ the same code as on the GPU, where only the native device of the aliases differs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -185,19 +186,28 @@ STAND_IN_CASES = {
 }
 
 
-def time_per_launch(fn, sync, n: int, repeats: int) -> float:
-    """Median over `repeats` of (n launches + one synchronize) / n, in microseconds."""
-    for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
-        fn()
-    sync()
-    samples = []
+def time_per_launch(ways: dict, n: int, repeats: int) -> dict[str, float]:
+    """Per way (name -> (launch one call, synchronize, context to run it in)): the median over `repeats`
+    of (n launches + one synchronize) / n, in microseconds. The ways take turns in every repeat, so that
+    a drift of the machine's speed (other load, clocks) shows in all of them alike rather than biasing
+    whichever ran during it."""
+    for fn, sync, context in ways.values():
+        with context():
+            for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
+                fn()
+            sync()
+    samples: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
+        for name, (fn, sync, context) in ways.items():
+            with context():
+                fn()  # entering a routing override re-resolves the op on its next call: not timed
+                sync()
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                sync()
+                samples[name].append((time.perf_counter() - start) / n * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,17 +261,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:13} skipped: FlagGems lacks {gems_op if direct_fn is None else missing}")
                 continue
             try:
-                native = time_per_launch(lambda c=call: c(on_native), sync_native, args.n, args.repeats)
-                direct = time_per_launch(
-                    lambda f=direct_fn, d=direct_call: d(f, on_native),
-                    sync_native,
+                times = time_per_launch(
+                    {
+                        "native": (lambda c=call: c(on_native), sync_native, contextlib.nullcontext),
+                        "direct": (
+                            lambda f=direct_fn, d=direct_call: d(f, on_native),
+                            sync_native,
+                            contextlib.nullcontext,
+                        ),
+                        "route": (
+                            lambda c=call: c(flagos),
+                            torch.flagos.synchronize,
+                            lambda o=ops: routing.override({op: "flaggems" for op in o}),
+                        ),
+                    },
                     args.n,
                     args.repeats,
                 )
-                with routing.override({op: "flaggems" for op in ops}):
-                    route = time_per_launch(
-                        lambda c=call: c(flagos), torch.flagos.synchronize, args.n, args.repeats
-                    )
+                native, direct, route = times["native"], times["direct"], times["route"]
             except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
                 print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
                 continue
