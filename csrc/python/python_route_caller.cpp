@@ -1,13 +1,13 @@
-// The Python half of the python route (which serves the flaggems and python backends): converts the
-// aliased arguments to Python objects, calls the implementation of the backend the router chose under the
-// GIL, and converts its results back following the op's schema. Also the FlagGems loader the router calls
-// on first need.
+// The Python half of the python route (which serves the flaggems and python backends): with the GIL held
+// for the whole call, aliases the arguments (ops::call_on_native_aliases), converts them to Python
+// objects, calls the implementation of the backend the router chose, and converts its results back
+// following the op's schema. Also the FlagGems loader the router calls on first need.
 //
-// A call costs what the Python implementation costs plus as little as possible: FlagGems' pointwise ops
-// take a few microseconds of host time on their own, so the route's conversions are measured against
-// that (benchmarks/flaggems_overhead.py). What does not change from call to call is worked out once per
-// op and routing version (a CallPlan), and the call itself is one vectorcall over the converted
-// arguments, with no argument tuple, keyword dict or keyword-name strings built per call.
+// A call should cost what the Python implementation costs and little more: the plugin's part is measured
+// against FlagGems called directly (benchmarks/flaggems_overhead.py, which runs without a GPU with
+// --stand-in). What does not change from call to call is worked out once per op and routing version (a
+// CallPlan), and the call itself is one vectorcall over the converted arguments, with no argument tuple,
+// keyword dict or keyword-name strings built per call.
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
