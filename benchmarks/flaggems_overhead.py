@@ -1,7 +1,7 @@
 """Host overhead of the flaggems route against FlagGems called directly on CUDA tensors, in one process.
 
 For about 20 transformer ops on tiny tensors (so that host time dominates), each op is launched N times
-(then one synchronize; median of R repeats) in three ways:
+(then one synchronize; median of R repeats, the three ways taking turns in each repeat) in three ways:
 
 - ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
 - ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems`` (router,
@@ -12,12 +12,22 @@ Printed per op: microseconds per launch, ``route / direct`` and ``route - direct
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
 
     python benchmarks/flaggems_overhead.py [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
+
+``--stand-in`` measures the same comparison without a GPU: flagos on the simulated accelerator, and the
+stand-in FlagGems of tests/fake_flaggems (CPU torch functions) as the flaggems backend. ``direct`` is then
+the stand-in's function on CPU tensors, ``native`` the torch call on CPU tensors, and the ops are the
+stand-in's. ``route - direct`` is the plugin's own cost (router, aliasing, the python route, adapters),
+the same code as on the GPU, where only the native device of the aliases differs:
+
+    FLAGOS_ACCELERATOR=sim python benchmarks/flaggems_overhead.py --stand-in --n 2000 --repeats 7
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -41,6 +51,24 @@ def unavailable_reason() -> str:
     return ""
 
 
+def use_stand_in() -> str:
+    """Loads tests/fake_flaggems's flag_gems as the flaggems backend on the simulated accelerator; '' or
+    why it cannot (as tests/opinfo/flaggems_sweep.py does)."""
+    if torch_fl.accelerator() != "sim":
+        return "--stand-in runs on the simulated accelerator (FLAGOS_ACCELERATOR=sim)"
+    fake_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fake_flaggems")
+    sys.path.insert(0, fake_dir)
+    import flag_gems
+
+    # Its stand-in triton must not stay visible: torch (inductor, dynamo) would take it for the real one.
+    sys.path.remove(fake_dir)
+    sys.modules.pop("triton", None)
+    if not getattr(flag_gems, "__version__", "").endswith("+fake"):
+        return f"--stand-in found a real flag_gems ({flag_gems.__file__})"
+    status = _flaggems._install(flag_gems)
+    return "" if status.available else f"the stand-in FlagGems is unavailable: {status.reason}"
+
+
 def tensors(device: str) -> SimpleNamespace:
     g = torch.Generator().manual_seed(0)
 
@@ -61,6 +89,8 @@ def tensors(device: str) -> SimpleNamespace:
         table=t(32, 16),
         ids=torch.tensor([[1, 5, 7]], device=device),
         mask=(t(16) > 0),
+        out=torch.empty(16, device=device),
+        mout=torch.empty(8, 8, device=device),
     )
 
 
@@ -125,19 +155,59 @@ CASES = {
 }
 
 
-def time_per_launch(fn, sync, n: int, repeats: int) -> float:
-    """Median over `repeats` of (n launches + one synchronize) / n, in microseconds."""
-    for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
-        fn()
-    sync()
-    samples = []
+# The same for the stand-in FlagGems (tests/fake_flaggems), whose table is much smaller. Its functions are
+# Python wrappers over CPU torch ops, as FlagGems' are over Triton launches. `add_out` and `softmax` take
+# the out adapter of torch_fl/_flaggems.py, `mm_out` a function with an out argument, `max_dim` returns a
+# tuple, `add_` is in-place.
+STAND_IN_CASES = {
+    "add": CASES["add"],
+    "add_": (
+        ["aten::add_.Tensor"],
+        lambda T: T.out.add_(T.a),
+        "aten::add_.Tensor",
+        lambda f, T: f(T.out, T.a),
+    ),
+    "add_out": (
+        ["aten::add.out"],
+        lambda T: torch.add(T.a, T.b, out=T.out),
+        "aten::add.Tensor",
+        lambda f, T: f(T.a, T.b),
+    ),
+    "mm": CASES["mm"],
+    "mm_out": (
+        ["aten::mm.out"],
+        lambda T: torch.mm(T.m1, T.m2, out=T.mout),
+        "aten::mm.out",
+        lambda f, T: f(T.m1, T.m2, out=T.mout),
+    ),
+    "softmax": CASES["softmax"],
+    "max_dim": (["aten::max.dim"], lambda T: T.x.max(-1), "aten::max.dim", lambda f, T: f(T.x, -1)),
+    "index_select": CASES["index_select"],
+}
+
+
+def time_per_launch(ways: dict, n: int, repeats: int) -> dict[str, float]:
+    """Per way (name -> (launch one call, synchronize, context to run it in)): the median over `repeats`
+    of (n launches + one synchronize) / n, in microseconds. The ways take turns in every repeat, so that
+    a drift of the machine's speed (other load, clocks) shows in all of them alike rather than biasing
+    whichever ran during it."""
+    for fn, sync, context in ways.values():
+        with context():
+            for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
+                fn()
+            sync()
+    samples: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
+        for name, (fn, sync, context) in ways.items():
+            with context():
+                fn()  # entering a routing override re-resolves the op on its next call: not timed
+                sync()
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                sync()
+                samples[name].append((time.perf_counter() - start) / n * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,27 +218,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ops", default="", help="comma-separated subset of: " + ", ".join(CASES))
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="no GPU: the simulated accelerator and the stand-in FlagGems of tests/fake_flaggems",
+    )
     args = parser.parse_args(argv)
-    reason = unavailable_reason()
+    reason = use_stand_in() if args.stand_in else unavailable_reason()
     if reason:
         print(f"flaggems_overhead: cannot run here: {reason}", file=sys.stderr)
         return 2
-    names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(CASES)
-    unknown = [n for n in names if n not in CASES]
+    cases = STAND_IN_CASES if args.stand_in else CASES
+    if args.stand_in:
+        # Tiny CPU kernels on a shared machine: one intra-op thread keeps the figures from wandering.
+        torch.set_num_threads(1)
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(cases)
+    unknown = [n for n in names if n not in cases]
     if unknown:
         parser.error(f"unknown op(s): {', '.join(unknown)}")
-    cuda, flagos = tensors("cuda"), tensors("flagos")
-    torch.cuda.synchronize()
+    native_device = "cpu" if args.stand_in else "cuda"
+    sync_native = (lambda: None) if args.stand_in else torch.cuda.synchronize
+    on_native, flagos = tensors(native_device), tensors("flagos")
+    sync_native()
     torch.flagos.synchronize()
+    where = "stand-in on sim" if args.stand_in else torch.cuda.get_device_name(0)
     print(
-        f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, {torch.cuda.get_device_name(0)}, N={args.n}, repeats={args.repeats}"
+        f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, {where}, N={args.n}, repeats={args.repeats}"
     )
     print(f"{'op':13} {'native us':>9} {'direct us':>9} {'route us':>9} {'route/direct':>12} {'diff us':>8}")
     rows, ratios = [], []
     routable = set(_flaggems.routable_ops())
     with torch.no_grad():
         for name in names:
-            ops, call, gems_op, direct_call = CASES[name]
+            ops, call, gems_op, direct_call = cases[name]
             direct_fn = _flaggems.implementation(gems_op)
             # The functional overload too: with flagos backed by CUDA, calls reach it directly instead of
             # its composite's out= overload.
@@ -179,17 +261,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:13} skipped: FlagGems lacks {gems_op if direct_fn is None else missing}")
                 continue
             try:
-                native = time_per_launch(lambda c=call: c(cuda), torch.cuda.synchronize, args.n, args.repeats)
-                direct = time_per_launch(
-                    lambda f=direct_fn, d=direct_call: d(f, cuda),
-                    torch.cuda.synchronize,
+                times = time_per_launch(
+                    {
+                        "native": (lambda c=call: c(on_native), sync_native, contextlib.nullcontext),
+                        "direct": (
+                            lambda f=direct_fn, d=direct_call: d(f, on_native),
+                            sync_native,
+                            contextlib.nullcontext,
+                        ),
+                        "route": (
+                            lambda c=call: c(flagos),
+                            torch.flagos.synchronize,
+                            lambda o=ops: routing.override({op: "flaggems" for op in o}),
+                        ),
+                    },
                     args.n,
                     args.repeats,
                 )
-                with routing.override({op: "flaggems" for op in ops}):
-                    route = time_per_launch(
-                        lambda c=call: c(flagos), torch.flagos.synchronize, args.n, args.repeats
-                    )
+                native, direct, route = times["native"], times["direct"], times["route"]
             except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
                 print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
                 continue

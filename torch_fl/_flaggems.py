@@ -372,23 +372,34 @@ def _copy_into(out: torch.Tensor, result) -> None:
     out.copy_(result)
 
 
+def _copy_results(outs, result):
+    """The end of an ``out`` adapter: FlagGems' functional `result` copied into `outs` (the out arguments,
+    in schema order), returned as the ``out`` overload returns them."""
+    if len(outs) == 1:
+        _copy_into(outs[0], result)
+        return outs[0]
+    for out, value in zip(outs, result, strict=True):
+        _copy_into(out, value)
+    return tuple(outs)
+
+
 def _out_adapter(fn: Callable, functional: str, out_names: list[str]) -> Callable:
-    """``out`` overload implemented by FlagGems' functional `fn`: same arguments, result copied to out."""
+    """``out`` overload implemented by FlagGems' functional `fn`: same arguments, result copied to out.
+
+    The python route (csrc/python/python_route_caller.cpp) recognises an adapter by its
+    ``_torch_fl_out_adapter`` attribute, (fn, out names), and calls `fn` itself: when every result is a
+    plain tensor of its out's shape whose dtype casts to the out's, all this does is ``out.copy_(result)``,
+    which it does in C++; any other result goes through :func:`_copy_results`, as here."""
 
     def adapter(*args, **kwargs):
         outs = [kwargs.pop(name) for name in out_names]
-        result = fn(*args, **kwargs)
-        if len(outs) == 1:
-            _copy_into(outs[0], result)
-            return outs[0]
-        for out, value in zip(outs, result, strict=True):
-            _copy_into(out, value)
-        return tuple(outs)
+        return _copy_results(outs, fn(*args, **kwargs))
 
     adapter.__name__ = f"{getattr(fn, '__name__', 'flaggems')}_out_adapter"
     adapter.__qualname__ = adapter.__name__
     adapter.__doc__ = f"{functional} by FlagGems, result copied into {', '.join(out_names)}"
     adapter.flaggems_functional = functional
+    adapter._torch_fl_out_adapter = (fn, tuple(out_names))
     return adapter
 
 

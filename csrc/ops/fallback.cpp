@@ -72,7 +72,7 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
       return;
     case Backend::kFlagGems:
     case Backend::kPython:
-      call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { run_python_impl(op, s); });
+      run_python_route(op, stack);
       return;
   }
 }

@@ -4,17 +4,17 @@
 
 namespace flagos::ops {
 namespace {
-std::atomic<PythonImplCaller> g_caller{nullptr};
+std::atomic<PythonRouteRunner> g_runner{nullptr};
 }  // namespace
 
-void set_python_impl_caller(PythonImplCaller caller) {
-  g_caller.store(caller);
+void set_python_route_runner(PythonRouteRunner runner) {
+  g_runner.store(runner);
 }
 
-void run_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  PythonImplCaller caller = g_caller.load();
-  TORCH_CHECK(caller != nullptr, "no Python implementation caller is installed for ", op.schema().name());
-  caller(op, stack);
+void run_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  PythonRouteRunner runner = g_runner.load();
+  TORCH_CHECK(runner != nullptr, "no Python implementation caller is installed for ", op.schema().name());
+  runner(op, stack);
 }
 
 }  // namespace flagos::ops

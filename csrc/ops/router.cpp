@@ -508,6 +508,10 @@ PyObject* routed_impl(const c10::OperatorHandle& op) {
   return it == second.end() ? nullptr : it->second;
 }
 
+uint64_t routing_version() {
+  return g_version.load(std::memory_order_acquire);
+}
+
 bool has_python_impl(const c10::OperatorName& name) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);

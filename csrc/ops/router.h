@@ -77,6 +77,11 @@ std::vector<std::string> flaggems_ops();  // canonical names with an implementat
 // the backend the router chooses for `op` now (borrowed, nullptr if none; see python_impl).
 PyObject* routed_impl(const c10::OperatorHandle& op);
 
+// The version route() validates its cache against; every change that can alter a route or an
+// implementation bumps it. What a caller derives from routed_impl(op) under version v stays valid while
+// routing_version() == v, so it can be cached without the router's lock (the python route's call plans).
+uint64_t routing_version();
+
 bool dispatch_logging_enabled();  // FLAGOS_LOG_DISPATCH=1, read once at load
 
 // ---- Management (torch_fl.routing's native half; not on the hot path) --------------------------------

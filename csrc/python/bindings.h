@@ -10,6 +10,6 @@ void bind_routing(pybind11::module_& m);
 
 // csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
 // flaggems backends) and load FlagGems on first need.
-void install_python_impl_caller();
+void install_python_route();
 
 }  // namespace flagos::python

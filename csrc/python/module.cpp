@@ -230,5 +230,5 @@ PYBIND11_MODULE(_C, m) {
   });
 
   flagos::python::bind_routing(m);
-  flagos::python::install_python_impl_caller();
+  flagos::python::install_python_route();
 }

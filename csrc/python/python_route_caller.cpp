@@ -1,9 +1,23 @@
-// The Python half of the python route (which serves the flaggems and python backends): converts the
-// aliased arguments to Python objects, calls the implementation of the backend the router chose under the
-// GIL, and converts its results back following the op's schema. Also the FlagGems loader the router calls
-// on first need.
+// The Python half of the python route (which serves the flaggems and python backends): with the GIL held
+// for the whole call, aliases the arguments (ops::call_on_native_aliases), converts them to Python
+// objects, calls the implementation of the backend the router chose, and converts its results back
+// following the op's schema. Also the FlagGems loader the router calls on first need.
+//
+// A call should cost what the Python implementation costs and little more: the plugin's part is measured
+// against FlagGems called directly (benchmarks/flaggems_overhead.py, which runs without a GPU with
+// --stand-in). What does not change from call to call is worked out once per op and routing version (a
+// CallPlan), and the call itself is one vectorcall over the converted arguments, with no argument tuple,
+// keyword dict or keyword-name strings built per call.
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <c10/util/SmallVector.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "ops/aliasing.h"
 #include "ops/python_route.h"
 #include "ops/router.h"
 #include "python/bindings.h"
@@ -13,26 +27,122 @@ namespace py = pybind11;
 namespace flagos::python {
 namespace {
 
-void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  PyObject* fn = ops::routed_impl(op);
-  TORCH_CHECK(fn != nullptr, "no Python or FlagGems implementation is registered for ",
-              schema.operator_name());
-  const auto& arguments = schema.arguments();
-  std::vector<c10::IValue> values = torch::jit::pop(*stack, arguments.size());
-  py::gil_scoped_acquire gil;
-  py::list positional;
-  py::dict keywords;
+// How to call one op's Python implementation: the callable the router chose and how the schema's
+// arguments map onto a vectorcall (the positional ones first, then the keyword-only ones, in schema order,
+// which is the order of the stack).
+//
+// For an out adapter of torch_fl/_flaggems.py (an `out` overload served by FlagGems' functional function,
+// marked by its `_torch_fl_out_adapter` attribute, (function, out names)), the plan calls the functional
+// function itself, without the out arguments, and copies its results into them: in C++ when each is a
+// plain tensor of its out's shape with a dtype that casts to the out's (the adapter would only call
+// out.copy_), else through the adapter's own Python tail, _copy_results, which resizes, warns and raises
+// as torch's out= kernels do. The Python adapter's per-call work (popping the outs from a keyword dict,
+// two more Python calls, the checks) was as much as the rest of the route.
+struct CallPlan {
+  uint64_t version = 0;  // routing version it was made under; 0 is never current
+  py::object fn;         // what is called: the implementation, or an out adapter's functional function
+  size_t positional = 0;
+  py::object kwnames;  // tuple of the passed keyword-only arguments' names, or null when there are none
+  // Out adapters only: which arguments are outs (empty otherwise), and the adapter's Python tail.
+  c10::SmallVector<bool, 8> is_out;
+  py::object copy_results;
+};
+
+// Keyed by the address of the op's OperatorName, as the router's cache is (stable while the op is
+// registered; deregistration bumps the routing version, so a reused address gets a new plan). Guarded by
+// the GIL; leaked, so that no Python object is released after the interpreter is gone.
+// A plan is replaced, never changed, so that a call keeps its own while the implementation runs (it may
+// change routes and call the op again).
+std::unordered_map<const void*, std::shared_ptr<const CallPlan>>& plans() {
+  static auto* map = new std::unordered_map<const void*, std::shared_ptr<const CallPlan>>();
+  return *map;
+}
+
+py::object interned(const std::string& text) {
+  PyObject* name = PyUnicode_InternFromString(text.c_str());
+  if (name == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(name);
+}
+
+// Marks the out arguments of an out adapter's plan and calls its functional function instead; leaves
+// the plan as it is (the adapter is called) when `spec` does not match the schema.
+void plan_out_adapter(CallPlan& plan, const py::handle spec, const std::vector<c10::Argument>& arguments) {
+  if (!py::isinstance<py::tuple>(spec) || py::len(spec) != 2) return;
+  const py::object function = spec[py::int_(0)];
+  const py::object names = spec[py::int_(1)];
+  if (!PyCallable_Check(function.ptr()) || !py::isinstance<py::tuple>(names)) return;
+  c10::SmallVector<bool, 8> is_out(arguments.size(), false);
+  size_t found = 0;
   for (size_t i = 0; i < arguments.size(); ++i) {
-    py::object value = torch::jit::toPyObject(std::move(values[i]));
-    if (arguments[i].kwarg_only()) {
-      keywords[py::str(arguments[i].name())] = value;
-    } else {
-      positional.append(value);
+    for (const py::handle name : names) {
+      if (py::isinstance<py::str>(name) && name.cast<std::string>() == arguments[i].name()) {
+        // Out arguments of an out overload are keyword-only (torch_fl/_flaggems.py checks it too).
+        if (!arguments[i].kwarg_only()) return;
+        is_out[i] = true;
+        ++found;
+      }
     }
   }
-  // A Python exception propagates as itself (torch's error handling restores it for the caller).
-  py::object result = py::reinterpret_borrow<py::object>(fn)(*py::tuple(positional), **keywords);
+  if (found == 0 || found != py::len(names)) return;
+  plan.fn = function;
+  plan.is_out = std::move(is_out);
+  plan.copy_results = py::module_::import("torch_fl._flaggems").attr("_copy_results");
+}
+
+// With the GIL held. Rebuilt whenever the routing version moved: any routing change (an override
+// entered or left, an implementation registered) may have changed the callable.
+std::shared_ptr<const CallPlan> plan_for(const c10::OperatorHandle& op) {
+  std::shared_ptr<const CallPlan>& cached = plans()[&op.operator_name()];
+  // Read before routed_impl, so that a change made meanwhile leaves this plan stale rather than wrong.
+  const uint64_t version = ops::routing_version();
+  if (C10_LIKELY(cached != nullptr && cached->version == version)) return cached;
+  const auto& arguments = op.schema().arguments();
+  PyObject* impl = ops::routed_impl(op);
+  auto made = std::make_shared<CallPlan>();
+  CallPlan& plan = *made;
+  if (impl != nullptr) {
+    plan.fn = py::reinterpret_borrow<py::object>(impl);
+    plan_out_adapter(plan, py::getattr(plan.fn, "_torch_fl_out_adapter", py::none()), arguments);
+  }
+  while (plan.positional < arguments.size() && !arguments[plan.positional].kwarg_only()) ++plan.positional;
+  c10::SmallVector<py::object, 4> names;
+  for (size_t i = plan.positional; i < arguments.size(); ++i) {
+    // The schema parser puts every keyword-only argument after the positional ones.
+    TORCH_INTERNAL_ASSERT(arguments[i].kwarg_only(), "positional argument after keyword-only ones in ",
+                          op.schema());
+    if (plan.is_out.empty() || !plan.is_out[i]) names.push_back(interned(arguments[i].name()));
+  }
+  if (!names.empty()) {
+    py::tuple kwnames(names.size());
+    for (size_t i = 0; i < names.size(); ++i) kwnames[i] = names[i];
+    plan.kwnames = std::move(kwnames);
+  }
+  plan.version = version;
+  cached = made;
+  return made;
+}
+
+// Owned references to a call's arguments, released (under the GIL) however the call ends. Slot 0 stays
+// empty: PY_VECTORCALL_ARGUMENTS_OFFSET lends it to the callee.
+class Arguments {
+ public:
+  explicit Arguments(size_t capacity) : items_(1, nullptr) { items_.reserve(capacity + 1); }
+  ~Arguments() {
+    for (PyObject* item : items_) Py_XDECREF(item);
+  }
+  Arguments(const Arguments&) = delete;
+  Arguments& operator=(const Arguments&) = delete;
+
+  void push(py::object value) { items_.push_back(value.release().ptr()); }
+  size_t size() const { return items_.size() - 1; }
+  PyObject* const* data() const { return items_.data() + 1; }
+
+ private:
+  c10::SmallVector<PyObject*, 12> items_;
+};
+
+// The implementation's result(s) onto the stack, as the schema's returns.
+void push_returns(const c10::FunctionSchema& schema, const py::object& result, torch::jit::Stack* stack) {
   const auto& returns = schema.returns();
   if (returns.size() == 1) {
     stack->push_back(torch::jit::toIValue(result, returns[0].type()));
@@ -43,6 +153,85 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < returns.size(); ++i)
       stack->push_back(torch::jit::toIValue(items[i], returns[i].type()));
   }
+}
+
+// A result that an out adapter would only copy into `out`: a tensor (not a subclass, whose copy_ could
+// be overridden) of out's shape whose dtype casts to out's.
+bool copies_plainly(PyObject* result, const at::Tensor& out, c10::SmallVectorImpl<at::Tensor>* results) {
+  if (!THPVariable_CheckExact(result)) return false;
+  const at::Tensor& tensor = THPVariable_Unpack(result);
+  if (!c10::canCast(tensor.scalar_type(), out.scalar_type()) || tensor.sizes() != out.sizes()) return false;
+  results->push_back(tensor);
+  return true;
+}
+
+// An out adapter's end: the functional function's `result` copied into `outs`, which are returned.
+void copy_into_outs(const CallPlan& plan, const c10::FunctionSchema& schema, const py::object& result,
+                    c10::SmallVector<at::Tensor, 2>&& outs, torch::jit::Stack* stack) {
+  c10::SmallVector<at::Tensor, 2> results;
+  bool plain;
+  if (outs.size() == 1) {
+    plain = copies_plainly(result.ptr(), outs[0], &results);
+  } else {
+    plain = PyTuple_CheckExact(result.ptr()) &&
+            static_cast<size_t>(PyTuple_GET_SIZE(result.ptr())) == outs.size();
+    for (size_t i = 0; plain && i < outs.size(); ++i) {
+      plain = copies_plainly(PyTuple_GET_ITEM(result.ptr(), i), outs[i], &results);
+    }
+  }
+  if (plain) {
+    {
+      // As Tensor.copy_ from Python: the copy runs without the GIL.
+      py::gil_scoped_release no_gil;
+      for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(results[i]);
+    }
+    for (at::Tensor& out : outs) stack->push_back(std::move(out));
+    return;
+  }
+  py::tuple objects(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) objects[i] = torch::jit::toPyObject(std::move(outs[i]));
+  push_returns(schema, plan.copy_results(objects, result), stack);
+}
+
+// With the GIL held, on the aliased arguments.
+void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const std::shared_ptr<const CallPlan> owned = plan_for(op);
+  const CallPlan& plan = *owned;
+  TORCH_CHECK(plan.fn, "no Python or FlagGems implementation is registered for ", schema.operator_name());
+  Arguments args(num_args);
+  c10::SmallVector<at::Tensor, 2> outs;
+  auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!plan.is_out.empty() && plan.is_out[i]) {
+      outs.push_back(std::move(first[i]).toTensor());
+    } else {
+      args.push(torch::jit::toPyObject(std::move(first[i])));
+    }
+  }
+  torch::jit::drop(*stack, num_args);
+  // A Python exception propagates as itself (torch's error handling restores it for the caller).
+  PyObject* raw = PyObject_Vectorcall(plan.fn.ptr(), args.data(),
+                                      plan.positional | PY_VECTORCALL_ARGUMENTS_OFFSET, plan.kwnames.ptr());
+  if (raw == nullptr) throw py::error_already_set();
+  const py::object result = py::reinterpret_steal<py::object>(raw);
+  if (plan.is_out.empty()) {
+    push_returns(schema, result, stack);
+  } else {
+    copy_into_outs(plan, schema, result, std::move(outs), stack);
+  }
+}
+
+// The GIL is held for the whole call, aliasing and adoption included, not only around the Python call:
+// the aliases and the results get Python objects during the call, and torch keeps the Python object of
+// a tensor that C++ still references alive past its last Python reference, releasing it when the
+// TensorImpl dies, under the GIL. Those TensorImpls die after the call (the aliases with the call's
+// AliasScope, the native results when adopted), so without the GIL held there, each of them would take
+// the GIL again, one after another.
+void run_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  ops::call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { call_python_impl(op, s); });
 }
 
 // torch_fl._flaggems._load_from_router() imports FlagGems (if it can), registers its functions with the
@@ -63,8 +252,8 @@ void load_flaggems() {
 
 }  // namespace
 
-void install_python_impl_caller() {
-  ops::set_python_impl_caller(&call_python_impl);
+void install_python_route() {
+  ops::set_python_route_runner(&run_python_route);
   ops::set_flaggems_loader(&load_flaggems);
 }
 

@@ -1,0 +1,165 @@
+"""The python route's call plans (csrc/python/python_route_caller.cpp): made once per op and routing
+version, they must follow every change of implementation, survive an implementation that changes them
+while it runs, and run an ``out`` adapter of torch_fl/_flaggems.py exactly as the adapter would run.
+
+The adapter's ``out`` overload is routed to the python backend here (FlagGems itself is not needed: the
+route recognises the adapter, whichever backend registered it)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from torch_fl import _flaggems, routing
+
+ADD = "aten::add.out"
+MAX = "aten::max.dim_max"
+
+
+@pytest.fixture(autouse=True)
+def _clean_routing():
+    routing.reset()
+    yield
+    for op in (ADD, MAX):
+        routing.unregister_python_impl(op)
+    routing.reset()
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+# What FlagGems' functional add returns, per case, for inputs of shape (2, 3).
+RESULTS = {
+    "plain": lambda r: r,
+    "castable dtype": lambda r: r.to(torch.int64),
+    "wider dtype": lambda r: r.double(),
+    "needs resizing": lambda r: torch.cat([r, r]),
+    "not castable": lambda r: r.to(torch.complex64),
+    "subclass": lambda r: r.as_subclass(Sub),
+    "python number": lambda r: 3.0,
+}
+
+
+def outcome(call):
+    """What a call did: its result or its exception, and the warnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = ("returned", call())
+        except Exception as exc:  # noqa: BLE001  (the exception is the outcome)
+            value = ("raised", type(exc).__name__, str(exc))
+    return value, [(w.category.__name__, str(w.message)) for w in caught]
+
+
+@pytest.fixture
+def python_tail_calls(monkeypatch):
+    """Calls of the adapters' Python tail, which the route takes only for results that need more than a
+    copy (patched before any plan is made, which is when the route looks it up)."""
+    calls = []
+    tail = _flaggems._copy_results
+
+    def counted(outs, result):
+        calls.append(type(result).__name__)
+        return tail(outs, result)
+
+    monkeypatch.setattr(_flaggems, "_copy_results", counted)
+    return calls
+
+
+@pytest.mark.parametrize("case", list(RESULTS))
+@pytest.mark.parametrize("out_shape", [(2, 3), (0,), (5,)])
+def test_out_adapter_on_the_route_does_what_the_adapter_does(case, out_shape, python_tail_calls):
+    make = RESULTS[case]
+    adapter = _flaggems._out_adapter(
+        lambda self, other, *, alpha=1: make(torch.add(self, other, alpha=alpha)), "aten::add.Tensor", ["out"]
+    )
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    out = torch.zeros(out_shape)
+    direct_out = out.clone()
+    direct, direct_warnings = outcome(lambda: adapter(a, b, alpha=1, out=direct_out))
+
+    routing.register_python_impl(ADD, adapter)
+    flagos_out = out.to("flagos")
+    python_tail_calls.clear()
+    routed, routed_warnings = outcome(lambda: torch.add(a.to("flagos"), b.to("flagos"), out=flagos_out))
+
+    copy_only = out_shape == (2, 3) and case in ("plain", "castable dtype", "wider dtype")
+    assert len(python_tail_calls) == (0 if copy_only else 1)
+    assert routed_warnings == direct_warnings
+    if direct[0] == "raised":
+        assert routed == direct
+    else:
+        assert routed[0] == "returned" and routed[1] is flagos_out
+        assert flagos_out.shape == direct_out.shape
+        torch.testing.assert_close(flagos_out.cpu(), direct_out)
+
+
+@pytest.mark.parametrize("case", ["plain", "wrong length", "not a tuple"])
+def test_out_adapter_with_two_outs(case):
+    def max_dim(self, dim, keepdim=False):
+        values, indices = torch.max(self, dim, keepdim)
+        return {"plain": (values, indices), "wrong length": (values,), "not a tuple": [values, indices]}[case]
+
+    adapter = _flaggems._out_adapter(max_dim, "aten::max.dim", ["max", "max_values"])
+    x = torch.randn(4, 5)
+    direct_outs = torch.empty(4), torch.empty(4, dtype=torch.int64)
+    direct, _ = outcome(lambda: adapter(x, 1, max=direct_outs[0], max_values=direct_outs[1]))
+
+    routing.register_python_impl(MAX, adapter)
+    outs = torch.empty(4, device="flagos"), torch.empty(4, dtype=torch.int64, device="flagos")
+    routed, _ = outcome(lambda: torch.max(x.to("flagos"), 1, out=outs))
+
+    if direct[0] == "raised":
+        assert routed == direct
+    else:
+        assert routed[0] == "returned" and routed[1][0] is outs[0] and routed[1][1] is outs[1]
+        torch.testing.assert_close(outs[0].cpu(), direct_outs[0])
+        torch.testing.assert_close(outs[1].cpu(), direct_outs[1])
+
+
+def test_plan_follows_the_registered_implementation():
+    calls = []
+
+    def impl(tag):
+        def add_out(self, other, *, alpha=1, out):
+            calls.append(tag)
+            return torch.add(self, other, alpha=alpha, out=out)
+
+        return add_out
+
+    a = torch.ones(3, device="flagos")
+    out = torch.empty(3, device="flagos")
+    routing.register_python_impl(ADD, impl("first"))
+    torch.add(a, a, out=out)
+    routing.register_python_impl(ADD, impl("second"))
+    torch.add(a, a, out=out)
+    routing.unregister_python_impl(ADD)
+    torch.add(a, a, out=out)  # native again
+    assert calls == ["first", "second"]
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+
+
+def test_implementation_that_replaces_itself_while_it_runs():
+    # The nested call makes a new plan for the op while the outer call still runs on its own.
+    calls = []
+    nested = torch.empty(2, device="flagos")
+
+    def inner(self, other, *, alpha=1, out):
+        calls.append("inner")
+        return torch.add(self, other, alpha=alpha, out=out)
+
+    def outer(self, other, *, alpha=1, out):
+        calls.append("outer")
+        routing.register_python_impl(ADD, inner)
+        torch.add(torch.ones(2, device="flagos"), torch.ones(2, device="flagos"), alpha=3, out=nested)
+        return torch.add(self, other, alpha=alpha, out=out)
+
+    routing.register_python_impl(ADD, outer)
+    out = torch.empty(3, device="flagos")
+    assert torch.add(torch.ones(3, device="flagos"), torch.ones(3, device="flagos"), alpha=2, out=out) is out
+    assert calls == ["outer", "inner"]
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+    torch.testing.assert_close(nested.cpu(), torch.full((2,), 4.0))
