@@ -163,3 +163,21 @@ def test_implementation_that_replaces_itself_while_it_runs():
     assert calls == ["outer", "inner"]
     torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
     torch.testing.assert_close(nested.cpu(), torch.full((2,), 4.0))
+
+
+def test_python_code_allocates_host_memory_for_host_tensors():
+    # On the simulated accelerator a native host kernel's allocations are flagos memory (adopted without a
+    # copy); Python code's are not: its .cpu() copies, kept tensors and results are host memory.
+    kept = []
+
+    def add_out(self, other, *, alpha=1, out):
+        host = torch.full((3,), 2.0, device="flagos").cpu()  # a device-to-host copy inside the route
+        kept.append(host)
+        return torch.add(self, other * host, alpha=alpha, out=out)
+
+    routing.register_python_impl(ADD, add_out)
+    a = torch.ones(3, device="flagos")
+    out = torch.empty(3, device="flagos")
+    assert torch.add(a, a, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+    torch.testing.assert_close(kept[0] + 1, torch.full((3,), 3.0))

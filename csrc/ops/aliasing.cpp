@@ -306,7 +306,7 @@ at::Tensor adopt_native(const at::Tensor& native) {
 }
 
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                            const std::function<void(torch::jit::Stack*)>& run) {
+                            const std::function<void(torch::jit::Stack*)>& run, NativeCall call) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const c10::DeviceType native_type = native_device_type();
@@ -322,8 +322,10 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
   sync_before_native_kernel(scope.device(), native_type);
   try {
     // Host kernels allocate flagos memory (labelled CPU) for their outputs, which are then adopted as they
-    // are; their temporaries go back to the flagos cache. Nothing when backed.
-    const runtime::HostKernelAllocations host_kernel_allocations;
+    // are; their temporaries go back to the flagos cache. Nothing when backed, nor for Python code, whose
+    // CPU tensors (a .cpu() copy, a cached tensor) must stay host memory.
+    std::optional<runtime::HostKernelAllocations> host_kernel_allocations;
+    if (call == NativeCall::kKernel) host_kernel_allocations.emplace();
     run(stack);
   } catch (c10::Error& e) {
     e.add_context(std::string("while running ") + schema.operator_name().name +

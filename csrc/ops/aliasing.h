@@ -16,11 +16,17 @@
 
 namespace flagos::ops {
 
+// What call_on_native_aliases runs: a native kernel (on the simulated accelerator its host allocations
+// are flagos memory, so fresh outputs are adopted without a copy) or Python code (the python and flaggems
+// routes), whose allocations stay what they say they are.
+enum class NativeCall { kKernel, kPython };
+
 // Replaces the op's arguments on `stack` by native-device aliases (flagos tensors, tensor lists, optional
 // tensor lists, flagos generators and devices), calls `run(stack)`, and adopts the results back.
 // Kernel errors propagate with their exception type and the op's name added as context.
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                            const std::function<void(torch::jit::Stack*)>& run);
+                            const std::function<void(torch::jit::Stack*)>& run,
+                            NativeCall call = NativeCall::kKernel);
 
 // One native-route call's aliases, for callers that hold the arguments unboxed (ops/fast_ops.h): the same
 // implementation call_on_native_aliases uses (its AliasScope), one method per kind of argument. Order of

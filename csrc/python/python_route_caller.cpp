@@ -231,7 +231,8 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // the GIL again, one after another.
 void run_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   py::gil_scoped_acquire gil;
-  ops::call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { call_python_impl(op, s); });
+  ops::call_on_native_aliases(
+      op, stack, [&](torch::jit::Stack* s) { call_python_impl(op, s); }, ops::NativeCall::kPython);
 }
 
 // torch_fl._flaggems._load_from_router() imports FlagGems (if it can), registers its functions with the
