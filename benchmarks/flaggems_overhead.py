@@ -52,21 +52,11 @@ def unavailable_reason() -> str:
 
 
 def use_stand_in() -> str:
-    """Loads tests/fake_flaggems's flag_gems as the flaggems backend on the simulated accelerator; '' or
-    why it cannot (as tests/opinfo/flaggems_sweep.py does)."""
-    if torch_fl.accelerator() != "sim":
-        return "--stand-in runs on the simulated accelerator (FLAGOS_ACCELERATOR=sim)"
-    fake_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fake_flaggems")
-    sys.path.insert(0, fake_dir)
-    import flag_gems
+    """tests/fake_flaggems's flag_gems as the flaggems backend (simulated accelerator); '' or why not."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from fake_flaggems import stand_in
 
-    # Its stand-in triton must not stay visible: torch (inductor, dynamo) would take it for the real one.
-    sys.path.remove(fake_dir)
-    sys.modules.pop("triton", None)
-    if not getattr(flag_gems, "__version__", "").endswith("+fake"):
-        return f"--stand-in found a real flag_gems ({flag_gems.__file__})"
-    status = _flaggems._install(flag_gems)
-    return "" if status.available else f"the stand-in FlagGems is unavailable: {status.reason}"
+    return stand_in.install()
 
 
 def tensors(device: str) -> SimpleNamespace:

@@ -100,25 +100,12 @@ REFERENCE = ["cuda"]
 
 
 def use_stand_in() -> str:
-    """Stand-in mode (tests of this script on a machine without a GPU): loads tests/fake_flaggems's
-    flag_gems as the flaggems backend; '' or why it cannot."""
+    """Stand-in mode (tests of the sweeps on a machine without a GPU): the reference is the CPU and
+    tests/fake_flaggems's flag_gems serves the flaggems backend; '' or why it cannot."""
+    from fake_flaggems import stand_in
+
     REFERENCE[0] = "cpu"
-    if torch_fl.accelerator() != "sim":
-        return "--stand-in runs on the simulated accelerator (FLAGOS_ACCELERATOR=sim)"
-    fake_dir = os.path.join(_TESTS_DIR, "fake_flaggems")
-    sys.path.insert(0, fake_dir)
-    import flag_gems
-
-    # Its stand-in triton must not stay visible: torch (inductor, dynamo) would take it for the real one.
-    sys.path.remove(fake_dir)
-    sys.modules.pop("triton", None)
-
-    from torch_fl import _flaggems
-
-    if not getattr(flag_gems, "__version__", "").endswith("+fake"):
-        return f"--stand-in found a real flag_gems ({flag_gems.__file__})"
-    status = _flaggems._install(flag_gems)
-    return "" if status.available else f"the stand-in FlagGems is unavailable: {status.reason}"
+    return stand_in.install()
 
 
 def check_environment(need_flaggems: bool = True, stand_in: bool = False) -> str:
