@@ -4,6 +4,7 @@ processes that survive crashing kernels, and the report helpers."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -106,6 +107,13 @@ def use_stand_in() -> str:
 
     REFERENCE[0] = "cpu"
     return stand_in.install()
+
+
+def add_worker_arguments(parser) -> None:
+    """The options a sweep's command line shares with its worker processes (run_phase) and CPU tests."""
+    parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)  # CPU tests (use_stand_in)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # run_phase's task file
+    parser.add_argument("--results", help=argparse.SUPPRESS)  # the worker's results file
 
 
 def check_environment(need_flaggems: bool = True, stand_in: bool = False) -> str:

@@ -412,9 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=max(1, min(6, (os.cpu_count() or 2) // 2)))
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall time, recording included")
     parser.add_argument("--grace-s", type=float, default=20.0)
-    parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)  # CPU tests of this script
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--results", help=argparse.SUPPRESS)
+    common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         return run_worker(args)

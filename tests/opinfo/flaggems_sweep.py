@@ -50,6 +50,7 @@ from opinfo.flaggems_common import (  # noqa: E402, F401  (re-exported: tests us
     TF32_OPS,
     TOLERANCES,
     CallCounter,
+    add_worker_arguments,
     check_environment,
     environment_line,
     mismatch_message,
@@ -502,9 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)  # CPU tests of this script
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--results", help=argparse.SUPPRESS)
+    add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         return run_worker(args)
