@@ -20,7 +20,8 @@
 # GEMS_KERNELS_S=100; GEMS_SWEEP_WORKERS=6. GEMS_CANDIDATE=FILE skips the OpInfo sweep and the pytest and
 # gives the model sweep FILE (an earlier OpInfo sweep's config; keep it in torch_fl/configs/ so that its
 # `include cuda.conf` resolves). GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the
-# GPU). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
+# GPU). GEMS_MODEL_SWEEP=0 leaves the model-shape sweep out (to run it later on the config the OpInfo sweep
+# wrote, e.g. with scripts/gpu_all.sh verify once it is shipped). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
 # a GPU, where every step skips or says why).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -77,7 +78,9 @@ if [ -z "$CANDIDATE" ]; then
   [ -f "$DIR/flaggems_cuda.conf" ] && cp "$DIR/flaggems_cuda.conf" torch_fl/configs/.flaggems_opinfo_sweep.conf \
     && mv "$DIR/flaggems_cuda.conf" "$CANDIDATE" && CANDIDATE_IN_PACKAGE=torch_fl/configs/.flaggems_opinfo_sweep.conf
 fi
-if [ -f "$CANDIDATE" ]; then
+if [ "${GEMS_MODEL_SWEEP:-1}" = 0 ]; then
+  say "model-shape sweep left out (GEMS_MODEL_SWEEP=0)"
+elif [ -f "$CANDIDATE" ]; then
   say "model-shape sweep of ${CANDIDATE} (limit $MODEL_SWEEP_S s)"
   timeout "$MODEL_SWEEP_S" python3 -m tests.opinfo.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
     --out-dir "$DIR" --workers "$WORKERS" --budget-s $((MODEL_SWEEP_S - 30)) --grace-s 10 2>&1 | tee -a "$LOG" | tail -25
