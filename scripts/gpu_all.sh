@@ -48,7 +48,7 @@ if [ "$mode" = verify ]; then
       > "$L/models-flaggems.log" 2>&1
   ) &
   timeout $(left 540) python3 -m pytest tests/test_flaggems_gpu.py -q -p no:cacheprovider -rfEX --tb=short \
-    --durations=10 > "$L/flaggems-gpu.log" 2>&1
+    --durations=10 -o faulthandler_timeout=200 > "$L/flaggems-gpu.log" 2>&1
   wait
   pkill -f _qwen3_clean_process || true
   echo "== [$SECONDS s] done"

@@ -17,7 +17,8 @@
 # flaggems_sweep.md and model_sweep.md (the tables for docs/flaggems.md), flaggems_sweep.json, model_sweep.json.
 #
 # Limits (seconds), overridable: GEMS_PYTEST_S=150 GEMS_SWEEP_S=170 GEMS_MODEL_SWEEP_S=200 GEMS_OVERHEAD_S=45
-# GEMS_KERNELS_S=100; GEMS_SWEEP_WORKERS=6. GEMS_CANDIDATE=FILE skips the OpInfo sweep and the pytest and
+# GEMS_KERNELS_S=100; GEMS_SWEEP_WORKERS=6. GEMS_SWEEP_ARGS: more arguments for the OpInfo sweep (e.g.
+# "--map-in FILE", an earlier run's flaggems_sweep.json, skips the discovery of which OpInfos reach which op). GEMS_CANDIDATE=FILE skips the OpInfo sweep and the pytest and
 # gives the model sweep FILE (an earlier OpInfo sweep's config; keep it in torch_fl/configs/ so that its
 # `include cuda.conf` resolves). GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the
 # GPU). GEMS_MODEL_SWEEP=0 leaves the model-shape sweep out (to run it later on the config the OpInfo sweep
@@ -56,13 +57,15 @@ pytest_status=0
 if [ -z "$CANDIDATE" ]; then
   say "sweep (background, budget $((SWEEP_S - 25)) s, $WORKERS workers) and pytest (limit $PYTEST_S s)"
   ( timeout "$SWEEP_S" python3 -m tests.opinfo.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
-      --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 > "$DIR/sweep.log" 2>&1
+      --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 ${GEMS_SWEEP_ARGS:-} \
+      > "$DIR/sweep.log" 2>&1
     echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
   sweep_pid=$!
   # tests/test_flaggems.py: the CPU-side behaviour with a real FlagGems installed (its slow sweep self-test
   # is left out: the real sweep runs beside).
+  # faulthandler_timeout: a test that takes longer dumps every thread's stack (a hang says where it is).
   timeout "$PYTEST_S" python3 -m pytest tests/test_flaggems_gpu.py tests/test_flaggems.py -m "not slow" -q \
-    -p no:cacheprovider -rfEs 2>&1 | tee -a "$LOG"
+    -p no:cacheprovider -rfEs -o faulthandler_timeout=$((PYTEST_S / 2)) --durations=10 2>&1 | tee -a "$LOG"
   pytest_status=${PIPESTATUS[0]}
   say "pytest exit status $pytest_status (124: time limit)"
   wait "$sweep_pid"

@@ -181,3 +181,79 @@ def test_python_code_allocates_host_memory_for_host_tensors():
     assert torch.add(a, a, out=out) is out
     torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
     torch.testing.assert_close(kept[0] + 1, torch.full((3,), 3.0))
+
+
+def shape_checking_add_out(self, other, *, alpha=1, out):
+    """An out function as FlagGems writes them: it checks the out's shape instead of resizing it."""
+    shape = torch.broadcast_shapes(self.shape, other.shape)
+    if out.shape != shape:
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    return out.copy_(torch.add(self, other, alpha=alpha))
+
+
+def test_empty_out_is_resized_before_an_out_function_runs():
+    # torch resizes an empty out= tensor to the result's shape for its kernels; the route does it for an
+    # implementation of the out overload, which may only check it (or, FlagGems' mm.out, write past its
+    # end).
+    routing.register_python_impl(ADD, shape_checking_add_out)
+    a = torch.randn(4, 3, 2).permute(2, 0, 1)
+    b = torch.randn(2, 4, 3)
+    out = torch.empty(0, device="flagos")
+    assert torch.add(a.to("flagos"), b.to("flagos"), out=out) is out
+    expected = torch.add(a, b, out=torch.empty(0))
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_out_with_elements_is_the_callers_and_shape_errors_are_the_ops():
+    routing.register_python_impl(ADD, shape_checking_add_out)
+    a = torch.ones(2, 3, device="flagos")
+    wrong = torch.zeros(5, device="flagos")
+    with pytest.raises(ValueError, match=r"out has shape \(5,\), expected \(2, 3\)"):
+        torch.add(a, a, out=wrong)
+    empty = torch.empty(0, device="flagos")
+    with pytest.raises(RuntimeError, match="broadcast"):
+        torch.add(a, torch.ones(4, 3, device="flagos"), out=empty)  # the meta kernel's error
+    assert wrong.shape == (5,) and empty.shape == (0,)
+    assert torch.equal(wrong.cpu(), torch.zeros(5))
+
+
+def test_python_code_gets_dtype_layout_and_memory_format_objects():
+    # Boxed, these are ints; Python code gets torch.dtype, torch.layout and torch.memory_format objects,
+    # as torch's own Python kernels do (FlagGems passes them on to torch.empty and the like).
+    seen = {}
+
+    def softmax_backward(grad_output, output, dim, input_dtype):
+        seen["input_dtype"] = input_dtype
+        return torch.ops.aten._softmax_backward_data(grad_output, output, dim, input_dtype)
+
+    def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        seen.update(dtype=dtype, layout=layout, memory_format=memory_format)
+        return torch.empty(
+            self.shape, dtype=dtype, layout=layout, device=self.device, memory_format=memory_format
+        )
+
+    softmax_op, empty_op = "aten::_softmax_backward_data", "aten::empty_like"
+    try:
+        routing.register_python_impl(softmax_op, softmax_backward)
+        routing.register_python_impl(empty_op, empty_like)
+        y = torch.softmax(torch.randn(2, 5), 1)
+        g = torch.randn(2, 5)
+        got = torch.ops.aten._softmax_backward_data(g.to("flagos"), y.to("flagos"), 1, torch.float32)
+        made = torch.empty_like(
+            torch.ones(2, 3, device="flagos"),
+            dtype=torch.float64,
+            layout=torch.strided,
+            memory_format=torch.contiguous_format,
+        )
+    finally:
+        routing.unregister_python_impl(softmax_op)
+        routing.unregister_python_impl(empty_op)
+    assert seen == {
+        "input_dtype": torch.float32,
+        "dtype": torch.float64,
+        "layout": torch.strided,
+        "memory_format": torch.contiguous_format,
+    }
+    torch.testing.assert_close(got.cpu(), torch.ops.aten._softmax_backward_data(g, y, 1, torch.float32))
+    assert made.device.type == "flagos" and made.shape == (2, 3) and made.dtype == torch.float64

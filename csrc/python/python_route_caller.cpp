@@ -8,9 +8,13 @@
 // --stand-in). What does not change from call to call is worked out once per op and routing version (a
 // CallPlan), and the call itself is one vectorcall over the converted arguments, with no argument tuple,
 // keyword dict or keyword-name strings built per call.
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <c10/util/SmallVector.h>
 
@@ -38,15 +42,57 @@ namespace {
 // out.copy_), else through the adapter's own Python tail, _copy_results, which resizes, warns and raises
 // as torch's out= kernels do. The Python adapter's per-call work (popping the outs from a keyword dict,
 // two more Python calls, the checks) was as much as the rest of the route.
+// How an argument becomes a Python object. A boxed dtype, layout or memory format is an int IValue; Python
+// code expects torch.dtype, torch.layout and torch.memory_format there, as torch's own Python kernels get.
+enum class ArgumentKind : uint8_t { kPlain, kDtype, kLayout, kMemoryFormat };
+
 struct CallPlan {
   uint64_t version = 0;  // routing version it was made under; 0 is never current
   py::object fn;         // what is called: the implementation, or an out adapter's functional function
   size_t positional = 0;
   py::object kwnames;  // tuple of the passed keyword-only arguments' names, or null when there are none
+  c10::SmallVector<ArgumentKind, 12> kinds;  // per schema argument
   // Out adapters only: which arguments are outs (empty otherwise), and the adapter's Python tail.
   c10::SmallVector<bool, 8> is_out;
   py::object copy_results;
+  // Other implementations of out overloads: the out arguments, which torch resizes for them (see
+  // resize_empty_outs).
+  c10::SmallVector<size_t, 2> native_outs;
 };
+
+ArgumentKind kind_of(const c10::Argument& argument) {
+  c10::TypePtr type = argument.real_type();
+  if (const auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return ArgumentKind::kDtype;
+    case c10::TypeKind::LayoutType:
+      return ArgumentKind::kLayout;
+    case c10::TypeKind::MemoryFormatType:
+      return ArgumentKind::kMemoryFormat;
+    default:
+      return ArgumentKind::kPlain;
+  }
+}
+
+py::object to_python(c10::IValue&& value, ArgumentKind kind) {
+  if (kind == ArgumentKind::kPlain || !value.isInt()) return torch::jit::toPyObject(std::move(value));
+  PyObject* object = nullptr;  // borrowed: torch keeps one object per dtype, layout and memory format
+  switch (kind) {
+    case ArgumentKind::kDtype:
+      object = reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value.toInt())));
+      break;
+    case ArgumentKind::kLayout:
+      object = reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value.toInt())));
+      break;
+    case ArgumentKind::kMemoryFormat:
+      object = torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value.toInt()));
+      break;
+    case ArgumentKind::kPlain:
+      break;
+  }
+  return py::reinterpret_borrow<py::object>(object);
+}
 
 // Keyed by the address of the op's OperatorName, as the router's cache is (stable while the op is
 // registered; deregistration bumps the routing version, so a reused address gets a new plan). Guarded by
@@ -105,6 +151,12 @@ std::shared_ptr<const CallPlan> plan_for(const c10::OperatorHandle& op) {
     plan_out_adapter(plan, py::getattr(plan.fn, "_torch_fl_out_adapter", py::none()), arguments);
   }
   while (plan.positional < arguments.size() && !arguments[plan.positional].kwarg_only()) ++plan.positional;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    plan.kinds.push_back(kind_of(arguments[i]));
+    if (plan.is_out.empty() && arguments[i].is_out() &&
+        arguments[i].type()->kind() == c10::TypeKind::TensorType)
+      plan.native_outs.push_back(i);
+  }
   c10::SmallVector<py::object, 4> names;
   for (size_t i = plan.positional; i < arguments.size(); ++i) {
     // The schema parser puts every keyword-only argument after the positional ones.
@@ -193,6 +245,63 @@ void copy_into_outs(const CallPlan& plan, const c10::FunctionSchema& schema, con
   push_returns(schema, plan.copy_results(objects, result), stack);
 }
 
+at::Tensor meta_like(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+c10::IValue meta_copy(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    return t.defined() ? c10::IValue(meta_like(t)) : value;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) list.push_back(t.defined() ? meta_like(t) : t);
+    return list;
+  }
+  if (value.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+      list.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(meta_like(*t)) : t);
+    }
+    return list;
+  }
+  return value;
+}
+
+// torch's out= kernels resize an out argument to the result's shape; FlagGems' out functions check the
+// shape and raise, or (mm.out) write past the end of an empty out. So an empty out (`out=torch.empty(0)`,
+// the usual idiom) is resized here to what the op's meta kernel gives (shape and strides) before the
+// call. Outs with elements are left as they are: the shape is then the caller's, and working it out for
+// every call would cost a meta dispatch per call. An op without a meta kernel is left to the
+// implementation; an error of the meta kernel (shapes that do not fit) is the op's own and raised.
+void resize_empty_outs(const c10::OperatorHandle& op, const CallPlan& plan,
+                       torch::jit::Stack::iterator first) {
+  bool empty = false;
+  for (size_t i : plan.native_outs)
+    empty = empty || (first[i].isTensor() && first[i].toTensor().numel() == 0);
+  if (!empty) return;
+  const size_t num_args = op.schema().arguments().size();
+  torch::jit::Stack meta;
+  meta.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) meta.push_back(meta_copy(first[i]));
+  try {
+    op.callBoxed(meta);
+  } catch (const c10::NotImplementedError&) {
+    return;
+  }
+  const auto& returns = op.schema().returns();
+  for (size_t k = 0; k < plan.native_outs.size() && k < returns.size(); ++k) {
+    at::Tensor out = first[plan.native_outs[k]].toTensor();
+    const at::Tensor& shaped = meta[k].toTensor();
+    if (out.sizes() == shaped.sizes()) continue;
+    out.resize_(shaped.sizes());
+    if (out.strides() != shaped.strides() && shaped.is_non_overlapping_and_dense()) {
+      out.as_strided_(shaped.sizes(), shaped.strides());
+    }
+  }
+}
+
 // With the GIL held, on the aliased arguments.
 void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
@@ -203,11 +312,12 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Arguments args(num_args);
   c10::SmallVector<at::Tensor, 2> outs;
   auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  if (!plan.native_outs.empty()) resize_empty_outs(op, plan, first);
   for (size_t i = 0; i < num_args; ++i) {
     if (!plan.is_out.empty() && plan.is_out[i]) {
       outs.push_back(std::move(first[i]).toTensor());
     } else {
-      args.push(torch::jit::toPyObject(std::move(first[i])));
+      args.push(to_python(std::move(first[i]), plan.kinds[i]));
     }
   }
   torch::jit::drop(*stack, num_args);
