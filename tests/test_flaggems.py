@@ -486,6 +486,41 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
         routing.load_config(None)
     assert "| `aten::add.Tensor` | pass | float32 |" in (out_dir / "flaggems_sweep.md").read_text()
 
+    # --resume: a sweep its budget cut short goes on where it stopped, keeping the earlier results.
+    swept_again = ("aten::mm", "aten::add.out")
+    for r in report["results"]:
+        if r["op"] in swept_again:
+            r.update(status="not-run", message="", cases=[])
+        elif r["op"] == "aten::_softmax":
+            r["message"] = "kept from the earlier run"
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(report))
+    resumed_dir = tmp_path / "resumed"
+    result = run_python(
+        "",
+        args=[
+            "-m",
+            "tests.opinfo.flaggems_sweep",
+            "--stand-in",
+            "--out-dir",
+            str(resumed_dir),
+            "--workers",
+            "1",
+        ]
+        + ["--budget-s", "100", "--max-opinfos", "1", "--max-samples", "2", "--dtypes", "float32"]
+        + ["--resume", str(earlier)],
+        env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
+        cwd=str(repo),
+        timeout=200,
+    )
+    assert result.returncode == 0, repr(result)
+    assert "12 ops" not in result.stdout and f"{len(swept_again)} ops" in result.stdout
+    resumed = {r["op"]: r for r in json.loads((resumed_dir / "flaggems_sweep.json").read_text())["results"]}
+    assert {op: r["status"] for op, r in resumed.items()} == status
+    assert resumed["aten::_softmax"]["message"] == "kept from the earlier run"
+    assert all(resumed[op]["cases"] for op in swept_again)
+    assert (resumed_dir / "flaggems_cuda.conf").read_text().count("= flaggems") == len(routes)
+
 
 @pytest.mark.slow
 def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):

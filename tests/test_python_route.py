@@ -257,3 +257,24 @@ def test_python_code_gets_dtype_layout_and_memory_format_objects():
     }
     torch.testing.assert_close(got.cpu(), torch.ops.aten._softmax_backward_data(g, y, 1, torch.float32))
     assert made.device.type == "flagos" and made.shape == (2, 3) and made.dtype == torch.float64
+
+
+def test_out_of_an_op_whose_shape_depends_on_the_data_is_left_to_the_implementation():
+    # nonzero's meta kernel cannot know the shape (it raises NotImplementedError): the implementation
+    # gets the empty out and resizes it itself.
+    op, shapes_seen = "aten::nonzero.out", []
+
+    def nonzero_out(self, *, out):
+        shapes_seen.append(tuple(out.shape))
+        result = torch.nonzero(self)
+        return out.resize_(result.shape).copy_(result)
+
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    out = torch.empty(0, dtype=torch.int64, device="flagos")
+    try:
+        routing.register_python_impl(op, nonzero_out)
+        assert torch.nonzero(x.to("flagos"), out=out) is out
+    finally:
+        routing.unregister_python_impl(op)
+    assert shapes_seen == [(0,)]
+    assert torch.equal(out.cpu(), torch.nonzero(x))

@@ -273,8 +273,9 @@ c10::IValue meta_copy(const c10::IValue& value) {
 // shape and raise, or (mm.out) write past the end of an empty out. So an empty out (`out=torch.empty(0)`,
 // the usual idiom) is resized here to what the op's meta kernel gives (shape and strides) before the
 // call. Outs with elements are left as they are: the shape is then the caller's, and working it out for
-// every call would cost a meta dispatch per call. An op without a meta kernel is left to the
-// implementation; an error of the meta kernel (shapes that do not fit) is the op's own and raised.
+// every call would cost a meta dispatch per call. An op without a meta kernel, or whose output shape
+// depends on the data, is left to the implementation; an error of the meta kernel (shapes that do not fit) is
+// the op's own and raised.
 void resize_empty_outs(const c10::OperatorHandle& op, const CallPlan& plan,
                        torch::jit::Stack::iterator first) {
   bool empty = false;
@@ -289,6 +290,11 @@ void resize_empty_outs(const c10::OperatorHandle& op, const CallPlan& plan,
     op.callBoxed(meta);
   } catch (const c10::NotImplementedError&) {
     return;
+  } catch (py::error_already_set& e) {
+    // A meta kernel written in Python: ops whose output shape depends on the data (nonzero) raise
+    // NotImplementedError there.
+    if (e.matches(PyExc_NotImplementedError)) return;
+    throw;
   }
   const auto& returns = op.schema().returns();
   for (size_t k = 0; k < plan.native_outs.size() && k < returns.size(); ++k) {

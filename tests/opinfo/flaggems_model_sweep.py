@@ -59,12 +59,17 @@ STATUSES = ("pass", "fail", "crash", "not-exercised", "not-called", "not-run")
 # ---- argument snapshots ----------------------------------------------------------------------------------
 
 _SNAPSHOT = "__flaggems_model_sweep_tensor__"
+_MEMORY_FORMAT = "__flaggems_model_sweep_memory_format__"  # torch.memory_format does not pickle
 
 
 def _map(tree, fn):
     """`tree` (tuples, lists, dicts of leaves) with `fn` applied to every tensor and every snapshot."""
     if isinstance(tree, torch.Tensor) or (isinstance(tree, dict) and _SNAPSHOT in tree):
         return fn(tree)
+    if isinstance(tree, torch.memory_format):
+        return {_MEMORY_FORMAT: str(tree).removeprefix("torch.")}
+    if isinstance(tree, dict) and _MEMORY_FORMAT in tree:
+        return getattr(torch, tree[_MEMORY_FORMAT])
     if isinstance(tree, (list, tuple)):
         return type(tree)(_map(v, fn) for v in tree)
     if isinstance(tree, dict):

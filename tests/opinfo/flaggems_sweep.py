@@ -501,6 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         "--map-in",
         help="reuse the op -> OpInfos map of an earlier run's flaggems_sweep.json (skips discovery)",
     )
+    parser.add_argument(
+        "--resume",
+        help="an earlier run's flaggems_sweep.json: sweep only the ops it did not run (its budget ran out),"
+        " keep its results for the others, reuse its op -> OpInfos map",
+    )
     parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_worker_arguments(parser)
@@ -523,6 +528,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"not routable FlagGems ops here: {', '.join(unknown)}")
     ops = priority_order(wanted or routable)
+    earlier: dict[str, OpResult] = {}
+    earlier_seconds = 0.0
+    if args.resume:
+        with open(args.resume) as f:
+            resumed = json.load(f)
+        args.map_in = args.resume
+        earlier_seconds = resumed.get("seconds", 0.0)
+        earlier = {r["op"]: OpResult(**r) for r in resumed["results"] if r["status"] != "not-run"}
+        earlier = {op: r for op, r in earlier.items() if op in ops}
+        ops = [op for op in ops if op not in earlier]
     common = {"dtypes": dtypes, "ops": ops}
     print(
         f"flaggems_sweep: {environment_line()}; {len(ops)} ops, {args.workers} workers, budget {args.budget_s:.0f} s"
@@ -568,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda r: r["op"] if "op" in r else r.get("crash"),
         worker_command(args),
     )
-    results: dict[str, OpResult] = {op: OpResult(op, "not-run") for op in ops}
+    results: dict[str, OpResult] = {**earlier, **{op: OpResult(op, "not-run") for op in ops}}
     for record in records:
         if "crash" in record:
             results[record["crash"]] = OpResult(
@@ -576,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             results[record["op"]] = OpResult(**record)
-    elapsed = time.time() - start
+    elapsed = time.time() - start + earlier_seconds
     header = {
         "environment": environment_line(),
         "date": datetime.date.today().isoformat(),
