@@ -404,8 +404,13 @@ def test_qwen3_layer(gems, dtype, limit):
     routable = set(_flaggems.routable_ops())
     ops = [op for op in shipped_flaggems_ops() if op in routable]
     fl_params = {name: t.to("flagos") for name, t in params.items()}
-    # These certainly run on FlagGems here (attention itself is native CUDA's SDPA kernel on flagos).
-    certain = ["aten::mm|aten::mm.out", "aten::silu|aten::silu.out", "aten::rsqrt|aten::rsqrt.out"]
+    # These certainly run on FlagGems here, where the config routes them (attention itself is native CUDA's
+    # SDPA kernel on flagos). RMSNorm is FlagGems' rms_norm where that is routed, else its rsqrt.
+    certain = [
+        "aten::mm|aten::mm.out",
+        "aten::silu|aten::silu.out",
+        "aten::rms_norm|aten::rsqrt|aten::rsqrt.out",
+    ]
     certain = ["|".join(op for op in entry.split("|") if op in ops) for entry in certain]
     with flaggems_routes([entry for entry in certain if entry]):
         with routing.override({op: "flaggems" for op in ops}):

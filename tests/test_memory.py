@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -51,6 +53,10 @@ def _settle():
 
 def test_memory_stats_has_cuda_keys():
     torch.empty(1, device="flagos")
+    # Frees pending from earlier tests (garbage cycles, blocks awaiting stream events) would land between
+    # the reads compared below: let them land first.
+    gc.collect()
+    _settle()
     stats = torch.flagos.memory_stats()
     missing = CUDA_MEMORY_STATS_KEYS - set(stats)
     assert not missing, f"memory_stats lacks torch.cuda keys: {sorted(missing)}"
