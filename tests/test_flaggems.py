@@ -402,38 +402,27 @@ print("RESULT " + json.dumps({
     assert out["torch_kernels"] == [] and out["registered_by_flaggems"] == []
 
 
+def run_stand_in_sweep(run_python, out_dir, *arguments):
+    """tests/opinfo/flaggems_sweep.py on the simulated accelerator with the stand-in FlagGems, whose softmax
+    is made wrong and whose max.dim kills the process (float32, 1 OpInfo and 2 samples per op)."""
+    return run_python(
+        "",
+        args=["-m", "tests.opinfo.flaggems_sweep", "--stand-in", "--out-dir", str(out_dir), "--workers", "1"]
+        + ["--budget-s", "150", "--max-opinfos", "1", "--max-samples", "2", "--dtypes", "float32"]
+        + list(arguments),
+        # Not on PYTHONPATH: --stand-in imports the stand-in flag_gems itself and hides its triton from torch.
+        env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
+        cwd=str(pathlib.Path(__file__).parent.parent),
+        timeout=240,
+    )
+
+
 @pytest.mark.slow
 def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
     # tests/opinfo/flaggems_sweep.py end to end on the simulated accelerator (reference: CPU) with the
     # stand-in FlagGems, whose softmax is made wrong and whose max.dim kills the process.
     out_dir = tmp_path / "sweep"
-    repo = pathlib.Path(__file__).parent.parent
-    result = run_python(
-        "",
-        args=[
-            "-m",
-            "tests.opinfo.flaggems_sweep",
-            "--stand-in",
-            "--out-dir",
-            str(out_dir),
-            "--workers",
-            "1",
-            "--budget-s",
-            "150",
-            "--max-opinfos",
-            "1",
-            "--max-samples",
-            "2",
-            "--dtypes",
-            "float32",
-            "--opinfos",
-            "add,softmax,max.reduction_with_dim,mm",
-        ],
-        # Not on PYTHONPATH: --stand-in imports the stand-in flag_gems itself and hides its triton from torch.
-        env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
-        cwd=str(repo),
-        timeout=240,
-    )
+    result = run_stand_in_sweep(run_python, out_dir, "--opinfos", "add,softmax,max.reduction_with_dim,mm")
     assert result.returncode == 0, repr(result)
     import json
 
@@ -496,30 +485,31 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(report))
     resumed_dir = tmp_path / "resumed"
-    result = run_python(
-        "",
-        args=[
-            "-m",
-            "tests.opinfo.flaggems_sweep",
-            "--stand-in",
-            "--out-dir",
-            str(resumed_dir),
-            "--workers",
-            "1",
-        ]
-        + ["--budget-s", "100", "--max-opinfos", "1", "--max-samples", "2", "--dtypes", "float32"]
-        + ["--resume", str(earlier)],
-        env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
-        cwd=str(repo),
-        timeout=200,
-    )
+    result = run_stand_in_sweep(run_python, resumed_dir, "--resume", str(earlier))
     assert result.returncode == 0, repr(result)
-    assert "12 ops" not in result.stdout and f"{len(swept_again)} ops" in result.stdout
+    assert f"; {len(swept_again)} ops," in result.stdout  # only those were swept again
     resumed = {r["op"]: r for r in json.loads((resumed_dir / "flaggems_sweep.json").read_text())["results"]}
     assert {op: r["status"] for op, r in resumed.items()} == status
     assert resumed["aten::_softmax"]["message"] == "kept from the earlier run"
     assert all(resumed[op]["cases"] for op in swept_again)
     assert (resumed_dir / "flaggems_cuda.conf").read_text().count("= flaggems") == len(routes)
+
+
+def test_model_sweep_recordings_keep_memory_formats(tmp_path):
+    # torch.memory_format does not pickle; the model sweep's recordings (torch.save) carry _to_copy's and
+    # clone's memory_format arguments all the same.
+    import torch
+    from opinfo.flaggems_model_sweep import _map, restore, snapshot
+
+    args = (
+        torch.arange(6.0).view(2, 3).t(),
+        {"memory_format": torch.channels_last, "x": [torch.preserve_format]},
+    )
+    path = tmp_path / "recording.pt"
+    torch.save(_map(args, snapshot), path)
+    loaded = _map(torch.load(path, weights_only=False), restore)
+    assert loaded[1] == args[1]
+    assert torch.equal(loaded[0], args[0]) and loaded[0].stride() == args[0].stride()
 
 
 @pytest.mark.slow
