@@ -7,6 +7,8 @@ routed to ``native``, the boxed route (same counters as the fallback) when a rul
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -180,3 +182,81 @@ def test_dispatch_log_is_the_boxed_paths(run_python):
     lines = [line for line in result.stderr.splitlines() if line.startswith(f"[flagos dispatch] {ADD} ")]
     assert len(lines) == 2, result.stderr
     assert all(" -> native (default" in line for line in lines)
+
+
+def test_fresh_result_is_a_plain_flagos_tensor():
+    # A native kernel's fresh result becomes the flagos result in place (its TensorImpl and storage
+    # relabelled, csrc/ops/aliasing.cpp): it must be indistinguishable from a tensor made on flagos.
+    a = torch.randn(8, 4, device="flagos")
+    before = unboxed()
+    r = torch.index_select(a, 0, torch.tensor([1, 3], device="flagos"))
+    assert unboxed() == before + 1
+    made = torch.empty(2, 4, device="flagos")
+    assert torch._C._dispatch_keys(r) == torch._C._dispatch_keys(made)
+    assert r.device == made.device and r.untyped_storage().device == made.device
+    expected = a.cpu()[[1, 3]]
+    # Resizing allocates on flagos, through the flagos allocator, keeping the values.
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    r.resize_(1 << 18)
+    assert r.untyped_storage().device == made.device
+    assert torch.flagos.memory_allocated() >= allocated + (1 << 20) - 4096  # less the old block
+    torch.testing.assert_close(r[:8].cpu().view(2, 4), expected)
+    # And it takes part in autograd like any flagos tensor.
+    w = r[:8].clone().requires_grad_()
+    (w * w).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), 2 * expected.reshape(8))
+
+
+def test_recycled_aliases_hold_no_memory():
+    # The native aliases of a call's arguments are kept for reuse: they must not keep the arguments'
+    # memory alive once the call is over.
+    torch.flagos.synchronize()
+    x = torch.randn(1 << 20, device="flagos")
+    y = torch.neg(x)
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    del x
+    torch.flagos.synchronize()
+    assert torch.flagos.memory_allocated() <= allocated - (4 << 20)
+    del y
+
+
+def test_recycled_aliases_take_each_calls_geometry():
+    # One call after another with other dtypes, shapes, offsets, strides and view bits: each reuses the
+    # aliases of the one before, which must take on the new argument's every property.
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        torch.randn(16, generator=g),
+        torch.randn(3, 5, generator=g, dtype=torch.float64).t(),
+        torch.randn(40, generator=g)[7:31:3],
+        torch.arange(12, dtype=torch.int32).view(3, 4)[1:],
+        torch.randn(6, generator=g, dtype=torch.complex64).conj(),
+        torch.randn(2, 3, generator=g, dtype=torch.bfloat16),
+        torch.randn(6, generator=g, dtype=torch.complex64)._neg_view(),
+    ]
+    for _ in range(2):
+        for x in cases:
+            f = x.to("flagos")
+            torch.testing.assert_close(torch.neg(f).cpu(), torch.neg(x))
+            torch.testing.assert_close(torch.mul(f, f).cpu(), torch.mul(x, x))
+            torch.testing.assert_close(torch.sum(f).cpu(), torch.sum(x))
+
+
+def test_unboxed_ops_native_kernels_guard_their_device():
+    # When backed, the unboxed path sets no device guard of its own: it relies on each op's native kernel
+    # setting its device (no `device_guard: False` in native_functions.yaml).
+    yaml = pytest.importorskip("yaml")
+    import torchgen
+
+    path = os.path.join(os.path.dirname(torchgen.__file__), "packaged/ATen/native/native_functions.yaml")
+    if not os.path.isfile(path):
+        pytest.skip("torchgen's native_functions.yaml is not installed")
+    with open(path) as f:
+        functions = {entry["func"].split("(")[0]: entry for entry in yaml.safe_load(f)}
+    assert functions["copy_"].get("device_guard", True) is False  # what the check looks for
+    ops = _C._routing_unboxed_ops()
+    assert ops
+    for op in ops:
+        entry = functions[op.removeprefix("aten::")]
+        assert entry.get("device_guard", True), op

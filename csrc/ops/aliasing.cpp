@@ -7,6 +7,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <new>
+#include <typeinfo>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -84,6 +85,65 @@ bool is_optional_generator(const c10::Argument& arg) {
   return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its
+// version counter, StorageImpl), made and freed for every tensor argument of every native-route call: a
+// good part of what the route adds to a tiny op. A recycled one is a handful of stores. Only aliases that
+// nothing references after the call come back (one a kernel kept stays the kernel's), and they come back
+// with their storage emptied, so a free alias holds no flagos memory. Used for calls of native kernels
+// only: Python code could tie a Python object to an alias.
+class AliasRecycler {
+ public:
+  static AliasRecycler& local() {
+    thread_local AliasRecycler recycler;
+    return recycler;
+  }
+
+  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory.
+  at::Tensor alias_of(const at::Tensor& t, c10::DeviceType type) {
+    const c10::Storage& storage = t.storage();
+    const c10::Device device = native_device_for(storage, type);
+    c10::Allocator* allocator = c10::GetAllocator(type);
+    if (free_.empty() || type_ != type) {
+      return tensor_over(borrowed_storage(storage, device, allocator), type, t);
+    }
+    at::Tensor alias = std::move(free_.back());
+    free_.pop_back();
+    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+    c10::StorageImpl* native = impl->storage().unsafeGetStorageImpl();
+    native->set_data_ptr_noswap(runtime::borrow(storage, device));
+    native->set_nbytes(storage.nbytes());
+    native->set_allocator(allocator);
+    native->set_resizable(true);
+    impl->set_storage_and_dtype(impl->storage(), t.dtype());  // the device is the new data's
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());
+    impl->_set_neg(t.is_neg());
+    return alias;
+  }
+
+  // Takes back an alias of `type` made by alias_of once its call is over, if nothing else references it or
+  // its storage; otherwise it is dropped as usual.
+  void recycle(at::Tensor&& alias, c10::DeviceType type) {
+    if (free_.size() == kCapacity || !alias.defined()) return;
+    if (alias.use_count() != 1 || alias.weak_use_count() != 1) return;
+    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number() || !impl->has_storage()) return;
+    const c10::Storage& storage = impl->storage();
+    if (!storage.unique()) return;
+    c10::StorageImpl* native = storage.unsafeGetStorageImpl();
+    native->set_data_ptr_noswap(c10::DataPtr(nullptr, native->device()));
+    native->set_nbytes(0);
+    if (free_.empty()) type_ = type;
+    if (type != type_) return;
+    free_.push_back(std::move(alias));
+  }
+
+ private:
+  static constexpr size_t kCapacity = 8;
+  c10::DeviceType type_ = c10::DeviceType::CPU;
+  c10::SmallVector<at::Tensor, kCapacity> free_;
+};
+
 struct AliasedStorage {
   c10::Storage flagos;
   c10::Storage native;
@@ -97,7 +157,18 @@ struct AliasedTensor {
 // Everything aliased for one call, so that outputs can be mapped back.
 class AliasScope {
  public:
-  explicit AliasScope(c10::DeviceType native_type) : native_type_(native_type) {}
+  AliasScope(c10::DeviceType native_type, bool recycle, bool same_device = true)
+      : native_type_(native_type),
+        recycler_(recycle ? &AliasRecycler::local() : nullptr),
+        same_device_(same_device) {}
+  AliasScope(const AliasScope&) = delete;
+  AliasScope& operator=(const AliasScope&) = delete;
+
+  ~AliasScope() {
+    if (recycler_ == nullptr) return;
+    storages_.clear();  // our references to the aliases' storages, so that unreferenced ones look unique
+    for (AliasedTensor& a : tensors_) recycler_->recycle(std::move(a.native), native_type_);
+  }
 
   at::Tensor alias(const at::Tensor& t) {
     if (!t.defined()) return t;
@@ -109,7 +180,17 @@ class AliasScope {
       return t;
     }
     note_device(t.device());
-    at::Tensor native = tensor_over(alias_storage(t.storage()), native_type_, t);
+    at::Tensor native;
+    if (const c10::Storage* shared = aliased_storage(t.storage())) {
+      native = tensor_over(*shared, native_type_, t);  // another view of a storage already aliased
+    } else {
+      native = recycler_ != nullptr
+                   ? recycler_->alias_of(t, native_type_)
+                   : tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),
+                                                  c10::GetAllocator(native_type_)),
+                                 native_type_, t);
+      storages_.push_back({t.storage(), native.storage()});
+    }
     tensors_.push_back({native, t});
     return native;
   }
@@ -203,19 +284,18 @@ class AliasScope {
       device_ = d;
       return;
     }
+    if (!same_device_) return;
     TORCH_CHECK(*device_ == d,
                 "Expected all tensors to be on the same device, but found at least two devices, ", *device_,
                 " and ", d, "!");
   }
 
-  c10::Storage alias_storage(const c10::Storage& storage) {
-    for (AliasedStorage& s : storages_) {
-      if (s.flagos.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) return s.native;
+  // The native storage already aliasing flagos `storage` in this call, if any.
+  const c10::Storage* aliased_storage(const c10::Storage& storage) const {
+    for (const AliasedStorage& s : storages_) {
+      if (s.flagos.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) return &s.native;
     }
-    c10::Storage native =
-        borrowed_storage(storage, native_device_for(storage, native_type_), c10::GetAllocator(native_type_));
-    storages_.push_back({storage, native});
-    return native;
+    return nullptr;
   }
 
   c10::Device flagos_target() const {
@@ -236,6 +316,8 @@ class AliasScope {
       return result;
     }
     const c10::Device device = flagos_device_of(native, flagos_target());
+    if (can_take_memory(native, /*holders=*/1) && can_relabel(out))
+      return relabel_as_flagos_tensor(out, device);
     c10::Storage flagos;
     if (can_take_memory(native, /*holders=*/1)) {
       const size_t nbytes = native.nbytes();
@@ -247,6 +329,32 @@ class AliasScope {
       storages_.push_back({flagos, native});
     }
     return tensor_over(std::move(flagos), kFlagos, out);
+  }
+
+  // Whether fresh result `out` (its memory ours to take) can become the flagos result itself: a plain dense
+  // tensor of the native device that nothing else references.
+  bool can_relabel(const at::Tensor& out) const {
+    if (out.use_count() != 1 || out.weak_use_count() != 1) return false;
+    const c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+    return typeid(*impl) == typeid(c10::TensorImpl) && impl->key_set().has(dense_key(native_type_)) &&
+           impl->layout() == c10::kStrided && impl->allow_tensor_metadata_change() &&
+           !impl->is_wrapped_number();
+  }
+
+  // Turns `out` into a flagos tensor of `device` in place: the same TensorImpl and StorageImpl, relabelled,
+  // rather than new ones around its memory (two heap blocks fewer, and its version counter kept).
+  static at::Tensor relabel_as_flagos_tensor(const at::Tensor& out, c10::Device device) {
+    c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
+    const size_t nbytes = storage->nbytes();
+    c10::DataPtr memory = take_memory(out.storage(), device);
+    storage->set_data_ptr_noswap(std::move(memory));
+    storage->set_nbytes(nbytes);
+    storage->set_allocator(runtime::device_allocator());
+    storage->set_resizable(true);
+    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(out.storage());  // the device follows the relabelled memory
+    impl->_change_backend_component_keys(device);
+    return out;
   }
 
   // An out= argument whose storage the kernel had to grow: the flagos tensor takes the new memory.
@@ -268,10 +376,20 @@ class AliasScope {
   }
 
   c10::DeviceType native_type_;
+  AliasRecycler* recycler_;  // this thread's, where the aliases go back after the call; null: not recycled
+  bool same_device_;         // the op needs its tensors on one device (all but copies)
   std::optional<c10::Device> device_;
   c10::SmallVector<AliasedStorage, 4> storages_;
   c10::SmallVector<AliasedTensor, 4> tensors_;
 };
+
+// The device a guard around a native call sets: the backing device itself when flagos is backed (the
+// same device as the flagos one, set through the backing guard without the flagos guard's indirection),
+// else the flagos device (its HAL device for host kernels' allocations).
+std::optional<c10::Device> guard_device_for(const std::optional<c10::Device>& device) {
+  if (!device.has_value() || device->type() != kFlagos || !runtime::is_backed()) return device;
+  return c10::Device(runtime::backing_type(), device->index());
+}
 
 void sync_before_native_kernel(const std::optional<c10::Device>& device, c10::DeviceType native_type) {
   if (device.has_value() && native_type == c10::DeviceType::CPU) {
@@ -305,12 +423,28 @@ at::Tensor adopt_native(const at::Tensor& native) {
                      native);
 }
 
+namespace {
+
+// Copies take tensors of different devices (flagos and cuda, say); every other op wants them on one.
+bool takes_mixed_devices(const c10::OperatorName& name) {
+  static const char* const kCopies[] = {"aten::copy_",          "aten::copy",
+                                        "aten::_copy_from",     "aten::_copy_from_and_resize",
+                                        "aten::_foreach_copy_", "aten::_foreach_copy"};
+  for (const char* copy : kCopies) {
+    if (name.name == copy) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                             const std::function<void(torch::jit::Stack*)>& run, NativeCall call) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const c10::DeviceType native_type = native_device_type();
-  AliasScope scope(native_type);
+  AliasScope scope(native_type, /*recycle=*/call == NativeCall::kKernel,
+                   /*same_device=*/!takes_mixed_devices(schema.operator_name()));
   auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   for (auto it = args_begin; it != stack->end(); ++it) *it = scope.alias_value(*it);
   for (size_t i = 0; i < num_args; ++i) {
@@ -318,7 +452,7 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
     if (arg.isNone() && is_optional_generator(schema.arguments()[i])) arg = scope.default_generator();
   }
 
-  c10::OptionalDeviceGuard guard(scope.device());
+  c10::OptionalDeviceGuard guard(guard_device_for(scope.device()));
   sync_before_native_kernel(scope.device(), native_type);
   try {
     // Host kernels allocate flagos memory (labelled CPU) for their outputs, which are then adopted as they
@@ -351,8 +485,8 @@ const AliasScope& scope_in(const unsigned char* buffer) {
 }
 }  // namespace
 
-NativeAliases::NativeAliases() {
-  new (scope_) AliasScope(native_device_type());
+NativeAliases::NativeAliases(bool same_device) {
+  new (scope_) AliasScope(native_device_type(), /*recycle=*/true, same_device);
 }
 
 NativeAliases::~NativeAliases() {
@@ -376,6 +510,14 @@ c10::Device NativeAliases::device_arg(c10::Device d) {
 
 std::optional<c10::Device> NativeAliases::device() const {
   return scope_in(scope_).device();
+}
+
+std::optional<c10::Device> NativeAliases::guard_device() const {
+  // Backed: the native kernels of the unboxed ops set their device themselves (none of them is
+  // `device_guard: False`, tests/test_unboxed.py checks), and their fresh outputs land on their tensors'
+  // device, so a guard of our own would only repeat theirs (two runtime calls per op).
+  if (runtime::is_backed()) return std::nullopt;
+  return guard_device_for(device());
 }
 
 void NativeAliases::enter() const {

@@ -32,13 +32,18 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
 // implementation call_on_native_aliases uses (its AliasScope), one method per kind of argument. Order of
 // use, as the boxed path does it: alias every argument, then generator() for `Generator?` arguments (an
 // omitted one takes the default generator of the call's device, known once the tensors are aliased), then
-// enter() on a device guard set to device(), the native call, and adopt() for each result.
+// enter() on a device guard set to guard_device(), the native call, and adopt() for each result.
 //
 // The scope lives in a buffer inside this object rather than behind a pointer (no heap allocation per
 // call) and its type stays private to aliasing.cpp, which static_asserts that it fits.
+//
+// For calls of native kernels only: once the call is over, aliases nothing else references are recycled
+// for the next call on this thread (their memory released first).
 class NativeAliases {
  public:
-  NativeAliases();
+  // same_device=false for copies, whose tensors may be on different devices (the call's device() is then
+  // the first flagos or other non-CPU tensor's).
+  explicit NativeAliases(bool same_device = true);
   ~NativeAliases();
   NativeAliases(const NativeAliases&) = delete;
   NativeAliases& operator=(const NativeAliases&) = delete;
@@ -47,6 +52,8 @@ class NativeAliases {
   std::optional<at::Generator> generator(const std::optional<at::Generator>& gen);
   c10::Device device_arg(c10::Device d);      // a flagos device argument as the native device
   std::optional<c10::Device> device() const;  // the call's flagos device, if it has one
+  // The device to set a device guard to around the native call: device(), or its backing device.
+  std::optional<c10::Device> guard_device() const;
   // Before running a host kernel on the aliases: let queued stream work on their memory land first.
   void enter() const;
   at::Tensor adopt(const at::Tensor& native);  // the flagos result for a native result
