@@ -106,6 +106,80 @@ def test_results_bitwise_equal_to_cuda():
         assert torch.equal(f(fa, fb).cpu(), f(ca, cb).cpu())
 
 
+def test_copies_behave_as_on_cuda():
+    # copy_ runs CUDA's own copy on aliases, which see two views of one flagos storage as one storage: a
+    # partially overlapping copy is refused as on cuda, a copy onto itself is fine, other copies (across
+    # dtypes, from a transposed view, flagos<->cuda, from/to the host) give cuda's values.
+    def cases(device):
+        out = []
+        a = torch.arange(10.0, device=device)
+        try:
+            a[1:].copy_(a[:-1])
+            out.append(("overlap", a.cpu()))
+        except RuntimeError as e:
+            out.append(("overlap", type(e), "single memory location" in str(e)))
+        b = torch.arange(6.0, device=device).view(2, 3)
+        b.copy_(b)
+        out.append(("self", b.cpu()))
+        c = torch.empty(3, 2, dtype=torch.float16, device=device)
+        c.copy_(b.t())
+        out.append(("cast+transpose", c.cpu()))
+        d = torch.empty(6, device="cuda")
+        d.copy_(b.reshape(6))
+        b.view(6).copy_(d.flip(0))
+        out.append(("with cuda", d.cpu(), b.cpu()))
+        h = torch.empty(2, 3)
+        h.copy_(b)
+        b.copy_(h * 2)
+        out.append(("with host", h, b.cpu()))
+        return out
+
+    on_cuda, on_flagos = cases("cuda"), cases("flagos")
+    assert len(on_cuda) == len(on_flagos)
+    for expected, got in zip(on_cuda, on_flagos, strict=True):
+        assert expected[0] == got[0]
+        for e, g in zip(expected[1:], got[1:], strict=True):
+            assert torch.equal(e, g) if isinstance(e, torch.Tensor) else e == g, expected[0]
+
+
+def test_copy_is_routed_directly_and_keeps_names():
+    from torch_fl import _C
+
+    assert _C._routing_unboxed_ops()["aten::copy_"] == "direct"
+    # Named tensors, on a torch that still has them, take the composite, which keeps the names.
+    try:
+        named = torch.zeros(2, 3, device="flagos", names=("n", "c"))
+    except (TypeError, RuntimeError):
+        return  # no named tensors in this torch
+    named.copy_(torch.arange(6.0, device="cuda").view(2, 3))
+    assert named.names == ("n", "c")
+    assert torch.equal(named.rename(None).cpu(), torch.arange(6.0).view(2, 3))
+
+
+def test_copy_on_another_route_takes_mixed_devices():
+    # The boxed route aliases copy_'s arguments without the same-device check other ops get.
+    from torch_fl import routing
+
+    seen = []
+
+    def impl(self, src, non_blocking=False):
+        seen.append((self.device.type, src.device.type))
+        return self.copy_(src, non_blocking)
+
+    routing.register_python_impl("aten::copy_", impl)
+    try:
+        routing.set("aten::copy_", "python")
+        f = torch.zeros(4, device="flagos")
+        c = torch.arange(4.0, device="cuda")
+        f.copy_(c)
+        c.copy_(f * 2)
+    finally:
+        routing.set("aten::copy_", None)
+        routing.unregister_python_impl("aten::copy_")
+    assert seen == [("cuda", "cuda"), ("cuda", "cuda")]
+    assert torch.equal(f.cpu(), torch.arange(4.0)) and torch.equal(c.cpu(), torch.arange(4.0) * 2)
+
+
 def test_interop_views_and_dlpack():
     x = torch.arange(12.0, device="flagos").reshape(3, 4)
     c = torch_fl.as_cuda(x)

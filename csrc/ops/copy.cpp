@@ -1,5 +1,6 @@
 #include "ops/copy.h"
 
+#include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/library.h>
@@ -123,9 +124,14 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
   if (runtime::is_backed()) {
     // The backing device type's own copy on aliases: its streams (flagos's), pinned non_blocking copies
     // fenced by its host allocator, conversions and peer copies on the device, no host staging.
-    const at::Tensor native_dst = is_flagos(dst) ? alias_as_native(dst) : dst;
-    const at::Tensor native_src = is_flagos(src_in) ? alias_as_native(src_in) : src_in;
-    native_dst.copy_(native_src, non_blocking);
+    // The outer copy_ on flagos tensors has been through autograd and the version counter already: the
+    // native copy_ is redispatched to the backing key directly. Aliases of one flagos storage share one
+    // native storage, so the native copy's overlap checks see what they would see on the native device.
+    NativeAliases aliases(/*same_device=*/false);
+    at::Tensor native_dst = aliases.alias(dst);
+    const at::Tensor native_src = aliases.alias(src_in);
+    at::_ops::copy_::redispatch(c10::DispatchKeySet(runtime::backing_dispatch_key()), native_dst, native_src,
+                                non_blocking);
     return;
   }
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);

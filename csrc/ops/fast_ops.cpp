@@ -8,14 +8,24 @@
 // overloads; when backed by CUDA the functional and in-place overloads are routed directly.
 #include "ops/fast_ops.h"
 
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/argmax_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/copy_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/embedding_ops.h>
+#include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_select_ops.h>
@@ -25,6 +35,7 @@
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/ne_ops.h>
 #include <ATen/ops/neg_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
@@ -74,6 +85,12 @@ const std::vector<FastOp>& fast_ops() {
       fast_op<o::exp>(),
       fast_op<o::exp_>(),
       fast_op<o::exp_out>(),
+      // Comparisons (a decoder's stopping checks, masks).
+      fast_op<o::eq_Tensor>(),
+      fast_op<o::eq_Scalar>(),
+      fast_op<o::ne_Tensor>(),
+      fast_op<o::ne_Scalar>(),
+      fast_op<o::argmax>(),
       // Selection and masking.
       fast_op<o::where_self>(),
       fast_op<o::where_self_out>(),
@@ -116,6 +133,16 @@ const std::vector<FastOp>& fast_ops() {
       fast_op<o::addmm_out>(),
       fast_op<o::bmm>(),
       fast_op<o::bmm_out>(),
+      // Attention: the choice of fused kernel (asked on every SDPA call) and the fused kernels.
+      fast_op<o::_fused_sdp_choice>(),
+      fast_op<o::_scaled_dot_product_cudnn_attention>(),
+      fast_op<o::_scaled_dot_product_cudnn_attention_backward>(),
+      fast_op<o::_scaled_dot_product_flash_attention>(),
+      fast_op<o::_scaled_dot_product_flash_attention_backward>(),
+      fast_op<o::_scaled_dot_product_efficient_attention>(),
+      fast_op<o::_scaled_dot_product_efficient_attention_backward>(),
+      // Copies (routed directly when backed, op_entry.cpp): flagos, host and cuda tensors in any mix.
+      fast_op<o::copy_>(),
       // Reductions.
       fast_op<o::sum>(),
       fast_op<o::sum_dim_IntList>(),

@@ -24,6 +24,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/copy_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -215,6 +217,42 @@ struct Adopt<std::tuple<Rs...>> {
   }
 };
 
+// Per-op exceptions to the unboxed path's defaults; most ops have none.
+template <class Op>
+struct FastOpTraits {
+  // Tensors of different devices are the same-device error (copies take any mix).
+  static constexpr bool kOneDevice = true;
+  // Calls the native route cannot take on aliases (see the copy_ specialisation); they run the op's
+  // composite kernel on the flagos tensors instead.
+  static constexpr bool kHasComposite = false;
+};
+
+// Whether t has dimension names, on a torch that still has named tensors (later ones removed them).
+template <class T>
+auto has_dim_names(const T& t, int /*preferred*/) -> decltype(t.has_names()) {
+  return t.has_names();
+}
+template <class T>
+bool has_dim_names(const T& /*t*/, long /*fallback*/) {
+  return false;
+}
+
+// copy_: flagos, host and other devices' tensors in any mix, and no same-device check. Routed directly only
+// when backed (op_entry.cpp), where its native copy is the backing device's own. Named and zero tensors keep
+// torch's composite (it propagates names onto the flagos destination; a zero tensor has no memory to alias),
+// which reaches flagos's _copy_from (ops/copy.cpp).
+template <>
+struct FastOpTraits<at::_ops::copy_> {
+  static constexpr bool kOneDevice = false;
+  static constexpr bool kHasComposite = true;
+  static bool needs_composite(const at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
+    return has_dim_names(self, 0) || has_dim_names(src, 0) || self._is_zerotensor() || src._is_zerotensor();
+  }
+  static at::Tensor& composite(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+    return at::native::copy_(self, src, non_blocking);
+  }
+};
+
 }  // namespace fast_detail
 
 template <class Op, class Schema = typename Op::schema>
@@ -230,6 +268,10 @@ struct FastKernel<Op, Ret(Args...)> {
 
   // The PrivateUse1 kernel.
   static Ret call(Args... args) {
+    using Traits = fast_detail::FastOpTraits<Op>;
+    if constexpr (Traits::kHasComposite) {
+      if (C10_UNLIKELY(Traits::needs_composite(args...))) return Traits::composite(args...);
+    }
     const c10::OperatorHandle& op = handle();
     const Backend backend = route(op).backend;
     if (C10_UNLIKELY(backend != Backend::kNative)) {
@@ -244,11 +286,11 @@ struct FastKernel<Op, Ret(Args...)> {
 
  private:
   static Ret run_native(Args&... args) {
-    NativeAliases aliases;
+    NativeAliases aliases(fast_detail::FastOpTraits<Op>::kOneDevice);
     // Braced initialisation: arguments are aliased in order, as on the boxed path.
     std::tuple<fast_detail::NativeArg<Args>...> native{fast_detail::NativeArg<Args>(aliases, args)...};
     std::apply([&](auto&... a) { (a.finish(aliases), ...); }, native);
-    c10::OptionalDeviceGuard guard(aliases.device());
+    c10::OptionalDeviceGuard guard(aliases.guard_device());
     aliases.enter();
     const c10::DispatchKeySet keys(native_dispatch_key());
     if constexpr (std::is_void_v<Ret>) {

@@ -46,6 +46,11 @@ constexpr const char* kBuiltinOps[] = {
     "mse_loss",
 };
 
+// Composite ops routed directly when backed although the backing type has no kernel of its own for them:
+// copy_'s composite only checks its arguments and calls flagos's _copy_from, which runs the backing copy_
+// (the same composite, on aliases); routed directly, one copy_ on aliases is all a copy costs.
+constexpr const char* kBackedDirectComposites[] = {"copy_"};
+
 // The kernel that routes every call of `name`: its unboxed one (ops/fast_ops.h) where it has one, else the
 // boxed fallback's.
 torch::CppFunction routing_kernel(const c10::OperatorName& name) {
@@ -250,6 +255,14 @@ size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
     if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(backing_key)) continue;
     const std::string ns = name.name.substr(0, name.name.find("::"));
     library_locked(r, ns, DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), routing_kernel(name));
+    r.direct.insert(name);
+    ++registered;
+  }
+  for (const char* text : kBackedDirectComposites) {
+    const c10::OperatorName name = aten_name(text);
+    const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+    if (!op.has_value() || entry_locked(r, *op) != OpEntry::kComposite) continue;
+    library_locked(r, "aten", DispatchKey::PrivateUse1).impl(text, routing_kernel(name));
     r.direct.insert(name);
     ++registered;
   }
