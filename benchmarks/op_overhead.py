@@ -1,12 +1,12 @@
 """Per-op host overhead of flagos against the native device, in the same process.
 
 For about 20 common ops on tiny tensors, each op is launched N times on the native device (CPU on the
-simulated accelerator, CUDA on NVIDIA) and N times on flagos, followed by one synchronize; the time per launch
-is the median of R repeats. Printed: microseconds per launch on both devices, the ratio and the difference,
-and the median ratio and difference over all ops. On the simulated accelerator the difference is what the
+simulated accelerator, CUDA on NVIDIA) and N times on flagos, each followed by one synchronize, in R rounds
+that alternate which device goes first. Printed: microseconds per launch on both devices (medians over the
+rounds), the median of the rounds' ratios, the difference, and the median ratio and difference over all ops. On the simulated accelerator the difference is what the
 flagos dispatch (router plus native route, or a basic kernel) adds over the native dispatch.
 
-    python benchmarks/op_overhead.py [--n 2000] [--repeats 5] [--ops add,mm]
+    python benchmarks/op_overhead.py [--n 2000] [--repeats 9] [--ops add,mm]
 
 Run it once with FLAGOS_LOG_DISPATCH unset (the default) and, to see what logging costs, once with it set.
 """
@@ -82,19 +82,33 @@ def make_cases(device: str) -> dict:
     }
 
 
-def time_per_launch(fn, device: str, n: int, repeats: int) -> float:
-    """Median over `repeats` of (N launches + one synchronize) / N, in microseconds."""
-    for _ in range(min(n, 100)):  # warm-up
+def launch_time(fn, device: str, n: int) -> float:
+    """(N launches + one synchronize) / N, in microseconds."""
+    start = time.perf_counter()
+    for _ in range(n):
         fn()
     synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def compare(ref_fn, fl_fn, native: str, n: int, repeats: int) -> tuple[float, float, float]:
+    """Native and flagos microseconds per launch and their ratio: medians over `repeats` rounds, each round
+    timing one device right after the other (alternating which goes first), so that drift in clocks and
+    caches over the run falls on both alike."""
+    for fn, device in ((ref_fn, native), (fl_fn, "flagos")):  # warm-up
+        for _ in range(min(n, 100)):
             fn()
         synchronize(device)
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
+    refs, fls, ratios = [], [], []
+    for r in range(repeats):
+        if r % 2 == 0:
+            ref, fl = launch_time(ref_fn, native, n), launch_time(fl_fn, "flagos", n)
+        else:
+            fl, ref = launch_time(fl_fn, "flagos", n), launch_time(ref_fn, native, n)
+        refs.append(ref)
+        fls.append(fl)
+        ratios.append(fl / ref)
+    return statistics.median(refs), statistics.median(fls), statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=2000, help="launches per repeat")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
@@ -120,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios, diffs = [], []
     with torch.no_grad():
         for name in names:
-            ref = time_per_launch(ref_cases[name], native, args.n, args.repeats)
-            fl = time_per_launch(fl_cases[name], "flagos", args.n, args.repeats)
-            ratios.append(fl / ref)
+            ref, fl, ratio = compare(ref_cases[name], fl_cases[name], native, args.n, args.repeats)
+            ratios.append(ratio)
             diffs.append(fl - ref)
-            print(f"{name:18} {ref:9.2f} {fl:10.2f} {fl / ref:7.2f} {fl - ref:8.2f}")
+            print(f"{name:18} {ref:9.2f} {fl:10.2f} {ratio:7.2f} {fl - ref:8.2f}")
     print(
         f"median ratio {statistics.median(ratios):.2f}, median difference {statistics.median(diffs):.2f} us "
         f"over {len(names)} ops"

@@ -24,8 +24,12 @@ are listed: calls, self device time (the kernels attributed to the op where flag
 self CPU time: the simulated accelerator's kernels are host code) and its share of all aten ops', self
 CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op under the config.
 
+``--host-diff N`` (0, off, by default): one prefill and one decode profiled (host activity) on each device,
+and the N aten ops whose self host time on flagos exceeds the reference's most, with their calls on both:
+where the inference overhead goes.
+
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
-                               [--configs native,my.conf] [--threads N] [--top-ops N]
+                               [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
 """
 
 from __future__ import annotations
@@ -226,6 +230,53 @@ def top_ops(fl: Workload, n: int) -> None:
         )
 
 
+def _host_us_by_op(work: Workload) -> tuple[dict[str, list[float]], float]:
+    """One prefill and one decode under the profiler (host activity only): aten op name -> [calls, self
+    host us], and the wall time of the two in us (the profiler's own cost included)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        work.prefill()
+        work.decode()
+    wall = (time.perf_counter() - start) * 1e6
+    ops: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        row = ops.setdefault(event.name, [0, 0.0])
+        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
+        row[1] += event.self_cpu_time_total
+    return ops, wall
+
+
+def host_diff(ref: Workload, fl: Workload, n: int) -> None:
+    """Where flagos's inference host time goes beyond the reference's: one prefill and one decode profiled
+    on each device, aten ops by the difference of their self host time (calls, host ms on both)."""
+    ref_ops, ref_wall = _host_us_by_op(ref)
+    fl_ops, fl_wall = _host_us_by_op(fl)
+    names = set(ref_ops) | set(fl_ops)
+    rows = []
+    for name in names:
+        rc, rt = ref_ops.get(name, [0, 0.0])
+        fc, ft = fl_ops.get(name, [0, 0.0])
+        rows.append((ft - rt, name, int(rc), int(fc), rt, ft))
+    rows.sort(reverse=True)
+    ref_total = sum(r[4] for r in rows)
+    fl_total = sum(r[5] for r in rows)
+    print(
+        f"  host time of one prefill and one decode, profiled: wall {ref_wall / 1e3:.1f} ms on {ref.device}, "
+        f"{fl_wall / 1e3:.1f} ms on flagos; self host time in aten ops {ref_total / 1e3:.1f} ms and "
+        f"{fl_total / 1e3:.1f} ms"
+    )
+    top = rows[:n]
+    width = max((len(r[1]) for r in top), default=2)
+    print(f"    {'op':{width}}{'calls':>8}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}")
+    for diff, name, rc, fc, rt, ft in top:
+        print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
+
+
 def _use_config(config: str, native_file: str) -> str:
     """Resets routing and loads ``config``; returns how to name it."""
     torch_fl.routing.reset(all=True)
@@ -253,11 +304,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--top-ops", type=int, default=0, metavar="N", help="profile flagos, list the N costliest aten ops"
     )
+    parser.add_argument(
+        "--host-diff",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile inference on both devices, list the N ops whose host time flagos exceeds most",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if args.top_ops < 0:
-        parser.error("--top-ops must be 0 (off) or more")
+    if args.top_ops < 0 or args.host_diff < 0:
+        parser.error("--top-ops and --host-diff must be 0 (off) or more")
     if args.new_tokens is not None and args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2")
     if args.threads:
@@ -321,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
             if args.top_ops:
                 top_ops(fl, args.top_ops)
+            if args.host_diff:
+                host_diff(ref, fl, args.host_diff)
     torch_fl.routing.reset(all=True)
     return 0
 

@@ -72,7 +72,7 @@ if want opinfo; then
 fi
 if want bench; then
   echo "== benchmarks"
-  timeout 120 python3 benchmarks/op_overhead.py --repeats 7 2>&1 | tee "$LOGS/op_overhead.log"
+  timeout 120 python3 benchmarks/op_overhead.py --repeats 9 2>&1 | tee "$LOGS/op_overhead.log"
   timeout 120 python3 benchmarks/transfers.py 2>&1 | tee "$LOGS/transfers.log"
 fi
 if want models; then
