@@ -475,7 +475,8 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
         routing.load_config(None)
     assert "| `aten::add.Tensor` | pass | float32 |" in (out_dir / "flaggems_sweep.md").read_text()
 
-    # --resume: a sweep its budget cut short goes on where it stopped, keeping the earlier results.
+    # --resume: a sweep its budget cut short goes on where it stopped, keeping the earlier results;
+    # --rerun sweeps an op with a result again, --exclude leaves one out (here mm, which stays not-run).
     swept_again = ("aten::mm", "aten::add.out")
     for r in report["results"]:
         if r["op"] in swept_again:
@@ -485,14 +486,19 @@ def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(report))
     resumed_dir = tmp_path / "resumed"
-    result = run_stand_in_sweep(run_python, resumed_dir, "--resume", str(earlier))
+    result = run_stand_in_sweep(
+        run_python,
+        resumed_dir,
+        *("--resume", str(earlier), "--rerun", "aten::add.Tensor", "--exclude", "aten::mm"),
+    )
     assert result.returncode == 0, repr(result)
-    assert f"; {len(swept_again)} ops," in result.stdout  # only those were swept again
+    assert "; 2 ops," in result.stdout  # add.out (not run before) and add.Tensor (--rerun)
     resumed = {r["op"]: r for r in json.loads((resumed_dir / "flaggems_sweep.json").read_text())["results"]}
-    assert {op: r["status"] for op, r in resumed.items()} == status
+    assert {op: r["status"] for op, r in resumed.items()} == {**status, "aten::mm": "not-run"}
     assert resumed["aten::_softmax"]["message"] == "kept from the earlier run"
-    assert all(resumed[op]["cases"] for op in swept_again)
-    assert (resumed_dir / "flaggems_cuda.conf").read_text().count("= flaggems") == len(routes)
+    assert resumed["aten::add.out"]["cases"] and resumed["aten::add.Tensor"]["cases"]
+    conf = (resumed_dir / "flaggems_cuda.conf").read_text()
+    assert conf.count("= flaggems") == len(routes) - 1 and "aten::mm = flaggems" not in conf
 
 
 def test_model_sweep_recordings_keep_memory_formats(tmp_path):

@@ -506,6 +506,17 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier run's flaggems_sweep.json: sweep only the ops it did not run (its budget ran out),"
         " keep its results for the others, reuse its op -> OpInfos map",
     )
+    parser.add_argument(
+        "--rerun",
+        default="",
+        help="with --resume: comma-separated ops to sweep again although it has their results (their route"
+        " changed since)",
+    )
+    parser.add_argument(
+        "--exclude",
+        default="",
+        help="comma-separated ops not to sweep: they keep an earlier run's result, else stay not-run",
+    )
     parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_worker_arguments(parser)
@@ -528,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"not routable FlagGems ops here: {', '.join(unknown)}")
     ops = priority_order(wanted or routable)
+    rerun = {o.strip() for o in args.rerun.split(",") if o.strip()}
+    excluded = {o.strip() for o in args.exclude.split(",") if o.strip()}
+    if rerun and not args.resume:
+        parser.error("--rerun needs --resume")
     earlier: dict[str, OpResult] = {}
     earlier_seconds = 0.0
     if args.resume:
@@ -535,9 +550,15 @@ def main(argv: list[str] | None = None) -> int:
             resumed = json.load(f)
         args.map_in = args.resume
         earlier_seconds = resumed.get("seconds", 0.0)
-        earlier = {r["op"]: OpResult(**r) for r in resumed["results"] if r["status"] != "not-run"}
-        earlier = {op: r for op, r in earlier.items() if op in ops}
-        ops = [op for op in ops if op not in earlier]
+        earlier = {r["op"]: OpResult(**r) for r in resumed["results"] if r["op"] in ops}
+        earlier = {
+            op: r
+            for op, r in earlier.items()
+            if op in excluded or (r.status != "not-run" and op not in rerun)
+        }
+    for op in excluded & set(ops):
+        earlier.setdefault(op, OpResult(op, "not-run"))
+    ops = [op for op in ops if op not in earlier]
     common = {"dtypes": dtypes, "ops": ops}
     print(
         f"flaggems_sweep: {environment_line()}; {len(ops)} ops, {args.workers} workers, budget {args.budget_s:.0f} s"
