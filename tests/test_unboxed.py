@@ -258,5 +258,7 @@ def test_unboxed_ops_native_kernels_guard_their_device():
     ops = _C._routing_unboxed_ops()
     assert ops
     for op in ops:
+        if op == "aten::copy_":
+            continue  # takes any mix of devices; CUDA's copy kernel sets the device of each copy itself
         entry = functions[op.removeprefix("aten::")]
         assert entry.get("device_guard", True), op

@@ -177,6 +177,7 @@ class AliasScope {
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
       // be between cuda and cpu, not a silent success on the aliases.
       if (t.device().type() != c10::DeviceType::CPU) note_device(t.device());
+      passed_.push_back(t);
       return t;
     }
     note_device(t.device());
@@ -243,6 +244,10 @@ class AliasScope {
   // The flagos result for a native result of the call.
   at::Tensor adopt(const at::Tensor& out) {
     if (!out.defined() || out.device().type() == kFlagos) return out;
+    for (const at::Tensor& arg : passed_) {
+      // An argument of another device returned (copy_ into a cuda or host tensor): the caller's own.
+      if (arg.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) return out;
+    }
     for (AliasedTensor& a : tensors_) {
       if (a.native.unsafeGetTensorImpl() != out.unsafeGetTensorImpl()) continue;
       // In-place or out=: the caller's own tensor. A kernel may have resized an out= argument.
@@ -381,6 +386,7 @@ class AliasScope {
   std::optional<c10::Device> device_;
   c10::SmallVector<AliasedStorage, 4> storages_;
   c10::SmallVector<AliasedTensor, 4> tensors_;
+  c10::SmallVector<at::Tensor, 2> passed_;  // the arguments not on flagos, passed as they are
 };
 
 // The device a guard around a native call sets: the backing device itself when flagos is backed (the

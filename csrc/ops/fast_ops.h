@@ -225,6 +225,8 @@ struct FastOpTraits {
   // Calls the native route cannot take on aliases (see the copy_ specialisation); they run the op's
   // composite kernel on the flagos tensors instead.
   static constexpr bool kHasComposite = false;
+  // Counted as a routed op call (torch_fl.routing.counts and the unboxed count).
+  static constexpr bool kCounted = true;
 };
 
 // Whether t has dimension names, on a torch that still has named tensors (later ones removed them).
@@ -245,6 +247,9 @@ template <>
 struct FastOpTraits<at::_ops::copy_> {
   static constexpr bool kOneDevice = false;
   static constexpr bool kHasComposite = true;
+  // Copies are flagos's own basic operation on every accelerator (on the simulated one, _copy_from); the
+  // counts are of the ops the routes serve.
+  static constexpr bool kCounted = false;
   static bool needs_composite(const at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
     return has_dim_names(self, 0) || has_dim_names(src, 0) || self._is_zerotensor() || src._is_zerotensor();
   }
@@ -279,8 +284,10 @@ struct FastKernel<Op, Ret(Args...)> {
           route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
           std::forward<Args>(args)...);
     }
-    count_backend_call(Backend::kNative);
-    count_unboxed_call();
+    if constexpr (Traits::kCounted) {
+      count_backend_call(Backend::kNative);
+      count_unboxed_call();
+    }
     return run_native(args...);
   }
 
