@@ -408,12 +408,15 @@ def run_stand_in_sweep(run_python, out_dir, *arguments):
     return run_python(
         "",
         args=["-m", "tests.opinfo.flaggems_sweep", "--stand-in", "--out-dir", str(out_dir), "--workers", "1"]
-        + ["--budget-s", "150", "--max-opinfos", "1", "--max-samples", "2", "--dtypes", "float32"]
+        # A budget that a loaded machine does not run out of (the GPU machine's parallel test runs did,
+        # in discovery: max.dim came out as no-opinfo); a sweep that runs well ends long before it.
+        + ["--budget-s", "300", "--discovery-share", "0.5", "--max-opinfos", "1", "--max-samples", "2"]
+        + ["--dtypes", "float32"]
         + list(arguments),
         # Not on PYTHONPATH: --stand-in imports the stand-in flag_gems itself and hides its triton from torch.
         env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
         cwd=str(pathlib.Path(__file__).parent.parent),
-        timeout=240,
+        timeout=420,
     )
 
 
