@@ -419,3 +419,34 @@ def test_counts_are_exact_across_threads():
     for t in workers:
         t.join(60)
     assert routing.counts() == only(native=per_thread * threads)
+
+
+def test_counts_of_a_live_thread_and_reset_while_it_lives():
+    # Counters are kept per thread and summed on read: a thread's calls count while it lives and after
+    # it exits, and a reset clears what it had counted without losing its later calls.
+    x = torch.randn(8, device="flagos")
+    counted, resume, done = threading.Event(), threading.Event(), threading.Event()
+
+    def work():
+        for _ in range(30):
+            x.neg()
+        counted.set()
+        resume.wait(30)
+        for _ in range(7):
+            x.neg()
+        done.set()
+
+    routing.reset_counts()
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert counted.wait(30)
+    assert routing.counts() == only(native=30)
+    routing.reset_counts()
+    assert routing.counts() == ZERO
+    resume.set()
+    assert done.wait(30)
+    assert routing.counts() == only(native=7)
+    worker.join(30)
+    assert routing.counts() == only(native=7)
+    routing.reset_counts()
+    assert routing.counts() == ZERO

@@ -222,6 +222,49 @@ def test_recycled_aliases_hold_no_memory():
     del y
 
 
+def test_an_alias_a_kernel_keeps_keeps_its_memory():
+    # The native route's aliases view their arguments' memory without holding it (the caller does, for
+    # the call). A kernel that keeps an alias (here a Python kernel of a custom op stashing its input)
+    # must find it still viewing that memory after the flagos tensor is gone, and the memory must be freed
+    # once the kept alias goes.
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x + 1
+
+    lib = torch.library.Library("flagos_test_keep", "DEF")
+    try:
+        lib.define("keep(Tensor x) -> Tensor")
+        for key in ("CPU", "CUDA"):
+            lib.impl("keep", keep, key)
+        n = 1 << 18
+        x = torch.arange(n, dtype=torch.float32, device="flagos")
+        expected = x.cpu()
+        torch.flagos.synchronize()
+        before = torch.flagos.memory_allocated()
+        y = torch.ops.flagos_test_keep.keep(x)
+        torch.testing.assert_close(y.cpu(), expected + 1)
+        del x, y
+        # Memory the flagos tensor's release would have returned to the cache is taken again and written.
+        others = [torch.full((n,), 7.0, device="flagos") for _ in range(4)]
+        torch.flagos.synchronize()
+        (alias,) = kept
+        assert alias.device.type == (_C._backing_type() or "cpu")
+        torch.testing.assert_close(alias.cpu(), expected)
+        # Still counted as flagos memory while the alias lives; freed once it goes.
+        assert torch.flagos.memory_allocated() >= before - 4096 + 4 * 4 * n
+        del others
+        torch.flagos.synchronize()
+        held = torch.flagos.memory_allocated()
+        kept.clear()
+        del alias
+        torch.flagos.synchronize()
+        assert torch.flagos.memory_allocated() <= held - 4 * n
+    finally:
+        lib._destroy()
+
+
 def test_recycled_aliases_take_each_calls_geometry():
     # One call after another with other dtypes, shapes, offsets, strides and view bits: each reuses the
     # aliases of the one before, which must take on the new argument's every property.

@@ -164,8 +164,8 @@ def counts() -> dict[str, int]:
     ``{'native': ..., 'cpu': ..., 'flaggems': ..., 'python': ...}``. A call is counted once, under the
     backend that ran it (after fall-through), when the router hands it over; ops with a basic flagos
     kernel (factories, views, copies) and ops that run a composite kernel (which calls routed ops, counted
-    themselves) are not router calls. Counters are process-wide and relaxed: exact for calls that have
-    returned."""
+    themselves) are not router calls. Counts are process-wide (summed over threads): exact for calls that
+    have returned."""
     return dict(_C._routing_counts())
 
 

@@ -85,12 +85,28 @@ bool is_optional_generator(const c10::Argument& arg) {
   return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// Copies take tensors of different devices (flagos and cuda, say); every other op wants them on one.
+bool takes_mixed_devices(const c10::OperatorName& name) {
+  static const char* const kCopies[] = {"aten::copy_",          "aten::copy",
+                                        "aten::_copy_from",     "aten::_copy_from_and_resize",
+                                        "aten::_foreach_copy_", "aten::_foreach_copy"};
+  for (const char* copy : kCopies) {
+    if (name.name == copy) return true;
+  }
+  return false;
+}
+
 // Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its
 // version counter, StorageImpl), made and freed for every tensor argument of every native-route call: a
 // good part of what the route adds to a tiny op. A recycled one is a handful of stores. Only aliases that
 // nothing references after the call come back (one a kernel kept stays the kernel's), and they come back
 // with their storage emptied, so a free alias holds no flagos memory. Used for calls of native kernels
 // only: Python code could tie a Python object to an alias.
+//
+// The aliases view their flagos memory without a reference to its storage (runtime::borrow_for_call):
+// the caller's tensor keeps it alive for the call, and AliasScope makes the view an owning one if the
+// alias outlives the call. With the dtype and device of a free alias matching the argument's, reusing it
+// takes no atomic operation at all.
 class AliasRecycler {
  public:
   static AliasRecycler& local() {
@@ -103,34 +119,46 @@ class AliasRecycler {
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
     c10::Allocator* allocator = c10::GetAllocator(type);
+    c10::DataPtr memory = runtime::borrow_for_call(storage, device);
     if (free_.empty() || type_ != type) {
-      return tensor_over(borrowed_storage(storage, device, allocator), type, t);
+      return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
+                                      allocator, /*resizable=*/true),
+                         type, t);
     }
-    at::Tensor alias = std::move(free_.back());
+    // Preferably one with t's dtype and device already: no storage reassignment (an atomic pair).
+    size_t pick = free_.size() - 1;
+    bool same_kind = false;
+    for (size_t i = free_.size(); i-- > 0;) {
+      const c10::TensorImpl* impl = free_[i].unsafeGetTensorImpl();
+      if (impl->dtype() == t.dtype() && impl->device() == device) {
+        pick = i;
+        same_kind = true;
+        break;
+      }
+    }
+    at::Tensor alias = std::move(free_[pick]);
+    if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
     free_.pop_back();
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    c10::StorageImpl* native = impl->storage().unsafeGetStorageImpl();
-    native->set_data_ptr_noswap(runtime::borrow(storage, device));
+    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
+    native->set_data_ptr_noswap(std::move(memory));
     native->set_nbytes(storage.nbytes());
     native->set_allocator(allocator);
     native->set_resizable(true);
-    impl->set_storage_and_dtype(impl->storage(), t.dtype());  // the device is the new data's
+    if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     impl->_set_conj(t.is_conj());
     impl->_set_neg(t.is_neg());
     return alias;
   }
 
-  // Takes back an alias of `type` made by alias_of once its call is over, if nothing else references it or
-  // its storage; otherwise it is dropped as usual.
-  void recycle(at::Tensor&& alias, c10::DeviceType type) {
-    if (free_.size() == kCapacity || !alias.defined()) return;
-    if (alias.use_count() != 1 || alias.weak_use_count() != 1) return;
+  // Takes back an alias of `type` made by alias_of, once its call is over and nothing else references it
+  // or its storage. Dropped instead when the list is full.
+  void put(at::Tensor&& alias, c10::DeviceType type) {
+    if (free_.size() == kCapacity) return;
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number() || !impl->has_storage()) return;
-    const c10::Storage& storage = impl->storage();
-    if (!storage.unique()) return;
-    c10::StorageImpl* native = storage.unsafeGetStorageImpl();
+    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
+    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
     native->set_data_ptr_noswap(c10::DataPtr(nullptr, native->device()));
     native->set_nbytes(0);
     if (free_.empty()) type_ = type;
@@ -144,56 +172,85 @@ class AliasRecycler {
   c10::SmallVector<at::Tensor, kCapacity> free_;
 };
 
-struct AliasedStorage {
+struct AliasedTensor {
+  at::Tensor native;              // the alias: the scope's
+  const c10::TensorImpl* flagos;  // the caller's tensor, alive through the call (see AliasScope::held_)
+};
+
+// A fresh result's memory that several results view: borrowed rather than moved, so that the later
+// results map onto the same flagos storage.
+struct SharedResult {
   c10::Storage flagos;
   c10::Storage native;
 };
 
-struct AliasedTensor {
-  at::Tensor native;
-  at::Tensor flagos;
+// How a scope's call runs, which decides what the scope must hold.
+enum class ScopeKind {
+  kUnboxedKernel,  // a native kernel called unboxed: the caller holds every argument through the call
+  kBoxedKernel,    // a native kernel on an IValue stack, whose argument slots the aliases replace
+  kPython,         // Python code (python and flaggems routes), which may keep what it is given
 };
 
 // Everything aliased for one call, so that outputs can be mapped back.
 class AliasScope {
  public:
-  AliasScope(c10::DeviceType native_type, bool recycle, bool same_device = true)
+  AliasScope(c10::DeviceType native_type, ScopeKind kind, bool same_device)
       : native_type_(native_type),
-        recycler_(recycle ? &AliasRecycler::local() : nullptr),
+        recycler_(kind == ScopeKind::kPython ? nullptr : &AliasRecycler::local()),
+        hold_args_(kind != ScopeKind::kUnboxedKernel),
         same_device_(same_device) {}
+  // For a boxed call of `op`: its tensors on one device unless it is a copy (asked only when they are not,
+  // which spares every other call the name comparisons).
+  AliasScope(c10::DeviceType native_type, ScopeKind kind, const c10::OperatorName& op)
+      : AliasScope(native_type, kind, /*same_device=*/true) {
+    op_ = &op;
+  }
   AliasScope(const AliasScope&) = delete;
   AliasScope& operator=(const AliasScope&) = delete;
 
   ~AliasScope() {
-    if (recycler_ == nullptr) return;
-    storages_.clear();  // our references to the aliases' storages, so that unreferenced ones look unique
-    for (AliasedTensor& a : tensors_) recycler_->recycle(std::move(a.native), native_type_);
+    if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
+    for (AliasedTensor& a : tensors_) {
+      c10::TensorImpl* impl = a.native.unsafeGetTensorImpl();
+      if (!impl->has_storage()) continue;
+      const c10::Storage& storage = impl->unsafe_storage();
+      if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
+        // The kernel kept the alias or its storage (or another alias of this call shares the storage): its
+        // view of the flagos memory must keep that memory alive from now on.
+        runtime::keep_borrowed_owner(*storage.unsafeGetStorageImpl());
+        continue;
+      }
+      recycler_->put(std::move(a.native), native_type_);
+    }
   }
 
-  at::Tensor alias(const at::Tensor& t) {
+  // The native alias of t, or t itself when it is not a flagos tensor. The reference is valid until the
+  // next alias() call of this scope (take a copy or a borrow of it); the tensor lives as long as the scope.
+  const at::Tensor& alias(const at::Tensor& t) {
     if (!t.defined()) return t;
+    if (hold_args_) held_.push_back(t);
     if (t.device().type() != kFlagos) {
       // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
       // be between cuda and cpu, not a silent success on the aliases.
       if (t.device().type() != c10::DeviceType::CPU) note_device(t.device());
-      passed_.push_back(t);
+      passed_.push_back(t.unsafeGetTensorImpl());
       return t;
     }
     note_device(t.device());
     at::Tensor native;
-    if (const c10::Storage* shared = aliased_storage(t.storage())) {
-      native = tensor_over(*shared, native_type_, t);  // another view of a storage already aliased
+    if (const AliasedTensor* shared = aliasing(t.storage().unsafeGetStorageImpl())) {
+      // Another view of a storage already aliased: one native storage, as the native kernel would see.
+      native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
+    } else if (recycler_ != nullptr) {
+      native = recycler_->alias_of(t, native_type_);
     } else {
-      native = recycler_ != nullptr
-                   ? recycler_->alias_of(t, native_type_)
-                   : tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),
-                                                  c10::GetAllocator(native_type_)),
-                                 native_type_, t);
-      storages_.push_back({t.storage(), native.storage()});
+      native = tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),
+                                            c10::GetAllocator(native_type_)),
+                           native_type_, t);
     }
-    tensors_.push_back({native, t});
-    return native;
+    tensors_.push_back({std::move(native), t.unsafeGetTensorImpl()});
+    return tensors_.back().native;
   }
 
   c10::IValue alias_value(const c10::IValue& v) {
@@ -241,35 +298,33 @@ class AliasScope {
     return static_cast<runtime::FlagosGenerator*>(gen.unsafeGetGeneratorImpl())->native();
   }
 
-  // The flagos result for a native result of the call.
-  at::Tensor adopt(const at::Tensor& out) {
-    if (!out.defined() || out.device().type() == kFlagos) return out;
-    for (const at::Tensor& arg : passed_) {
+  // For a native result that is one of the call's arguments (in-place, out=, or a tensor of another
+  // device returned): the caller's tensor, brought up to date with what the kernel did to the alias.
+  // nullptr for any other result.
+  c10::TensorImpl* adopt_argument(const at::Tensor& out) {
+    const c10::TensorImpl* out_impl = out.unsafeGetTensorImpl();
+    for (const c10::TensorImpl* arg : passed_) {
       // An argument of another device returned (copy_ into a cuda or host tensor): the caller's own.
-      if (arg.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) return out;
+      if (arg == out_impl) return const_cast<c10::TensorImpl*>(arg);
     }
     for (AliasedTensor& a : tensors_) {
-      if (a.native.unsafeGetTensorImpl() != out.unsafeGetTensorImpl()) continue;
-      // In-place or out=: the caller's own tensor. A kernel may have resized an out= argument.
-      if (out.storage().unsafeGetStorageImpl() != a.native.storage().unsafeGetStorageImpl() ||
-          out.storage().data() != a.flagos.storage().data()) {
-        adopt_regrown(out, a.flagos);
-      } else if (out.sizes() != a.flagos.sizes() || out.strides() != a.flagos.strides() ||
-                 out.storage_offset() != a.flagos.storage_offset()) {
-        a.flagos.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(),
-                                                              out.storage_offset());
+      if (a.native.unsafeGetTensorImpl() != out_impl) continue;
+      c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
+      // A kernel may have resized an out= argument.
+      if (out.storage().data() != flagos->unsafe_storage().data()) {
+        adopt_regrown(out, flagos);
+      } else if (out.sizes() != flagos->sizes() || out.strides() != flagos->strides() ||
+                 out.storage_offset() != flagos->storage_offset()) {
+        flagos->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       }
-      return a.flagos;
+      return flagos;
     }
-    for (AliasedStorage& s : storages_) {
-      // A view of an input (or of an earlier adopted output): the same view over its flagos storage.
-      if (s.native.unsafeGetStorageImpl() == out.storage().unsafeGetStorageImpl()) {
-        return tensor_over(s.flagos, kFlagos, out);
-      }
-    }
-    if (out.device().type() != native_type_) return out;  // e.g. a CPU scalar result on a CUDA machine
-    return adopt_fresh(out);
+    return nullptr;
   }
+
+  // The flagos result for a native result of the call; an rvalue is moved into it where it can be.
+  at::Tensor adopt(const at::Tensor& out) { return adopt_result(out, nullptr); }
+  at::Tensor adopt(at::Tensor&& out) { return adopt_result(out, &out); }
 
   c10::IValue adopt_value(const c10::IValue& v) {
     if (v.isTensor()) return adopt(v.toTensor());
@@ -284,21 +339,47 @@ class AliasScope {
   std::optional<c10::Device> device() const { return device_; }
 
  private:
+  static at::Tensor handle_to(c10::TensorImpl* impl) {
+    return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+  }
+
+  at::Tensor adopt_result(const at::Tensor& out, at::Tensor* movable) {
+    auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
+    if (!out.defined() || out.device().type() == kFlagos) return as_is();
+    if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
+    const c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
+    for (const AliasedTensor& a : tensors_) {
+      // A view of an input: the same view over its flagos storage.
+      if (a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage) {
+        return tensor_over(a.flagos->unsafe_storage(), kFlagos, out);
+      }
+    }
+    for (const SharedResult& s : shared_results_) {
+      // A view of an earlier result's memory.
+      if (s.native.unsafeGetStorageImpl() == storage) return tensor_over(s.flagos, kFlagos, out);
+    }
+    if (out.device().type() != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
+    return adopt_fresh(out, movable);
+  }
+
   void note_device(c10::Device d) {
     if (!device_.has_value()) {
       device_ = d;
       return;
     }
-    if (!same_device_) return;
-    TORCH_CHECK(*device_ == d,
-                "Expected all tensors to be on the same device, but found at least two devices, ", *device_,
-                " and ", d, "!");
+    if (!same_device_ || *device_ == d) return;
+    if (op_ != nullptr && takes_mixed_devices(*op_)) {
+      same_device_ = false;
+      return;
+    }
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                *device_, " and ", d, "!");
   }
 
-  // The native storage already aliasing flagos `storage` in this call, if any.
-  const c10::Storage* aliased_storage(const c10::Storage& storage) const {
-    for (const AliasedStorage& s : storages_) {
-      if (s.flagos.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) return &s.native;
+  // The alias already made in this call for flagos storage `storage`, if any.
+  const AliasedTensor* aliasing(const c10::StorageImpl* storage) const {
+    for (const AliasedTensor& a : tensors_) {
+      if (a.flagos->unsafe_storage().unsafeGetStorageImpl() == storage) return &a;
     }
     return nullptr;
   }
@@ -312,7 +393,7 @@ class AliasScope {
   // HostKernelAllocations scope (flagos memory labelled CPU): it becomes a flagos storage's memory as it
   // is, moved when nothing else holds it, else borrowed. Anything else on sim (CPU memory that a thread
   // pool worker allocated, a CPU argument returned) is not HAL memory, so its values are copied.
-  at::Tensor adopt_fresh(const at::Tensor& out) {
+  at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
     const c10::Storage& native = out.storage();
     if (!runtime::is_backed() && !holds_flagos_memory(native)) {
       at::Tensor result =
@@ -321,8 +402,10 @@ class AliasScope {
       return result;
     }
     const c10::Device device = flagos_device_of(native, flagos_target());
-    if (can_take_memory(native, /*holders=*/1) && can_relabel(out))
-      return relabel_as_flagos_tensor(out, device);
+    if (can_take_memory(native, /*holders=*/1) && can_relabel(out)) {
+      relabel_as_flagos_tensor(out, device);
+      return movable != nullptr ? std::move(*movable) : out;
+    }
     c10::Storage flagos;
     if (can_take_memory(native, /*holders=*/1)) {
       const size_t nbytes = native.nbytes();
@@ -331,7 +414,7 @@ class AliasScope {
     } else {
       // Shared (several outputs view it): borrow it, and remember it so the other outputs map onto it.
       flagos = borrowed_storage(native, device, runtime::device_allocator());
-      storages_.push_back({flagos, native});
+      shared_results_.push_back({flagos, native});
     }
     return tensor_over(std::move(flagos), kFlagos, out);
   }
@@ -348,7 +431,7 @@ class AliasScope {
 
   // Turns `out` into a flagos tensor of `device` in place: the same TensorImpl and StorageImpl, relabelled,
   // rather than new ones around its memory (two heap blocks fewer, and its version counter kept).
-  static at::Tensor relabel_as_flagos_tensor(const at::Tensor& out, c10::Device device) {
+  static void relabel_as_flagos_tensor(const at::Tensor& out, c10::Device device) {
     c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
     const size_t nbytes = storage->nbytes();
     c10::DataPtr memory = take_memory(out.storage(), device);
@@ -359,34 +442,36 @@ class AliasScope {
     c10::TensorImpl* impl = out.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(out.storage());  // the device follows the relabelled memory
     impl->_change_backend_component_keys(device);
-    return out;
   }
 
   // An out= argument whose storage the kernel had to grow: the flagos tensor takes the new memory.
-  void adopt_regrown(const at::Tensor& out, const at::Tensor& flagos) {
-    // Our references to the grown storage: the alias tensor and the alias list entry.
-    if (can_take_memory(out.storage(), /*holders=*/2)) {
+  void adopt_regrown(const at::Tensor& out, c10::TensorImpl* flagos) {
+    // The one reference to the grown storage that is ours: the alias's.
+    if (can_take_memory(out.storage(), /*holders=*/1)) {
       // Every flagos view of the storage sees the new memory, as after resize_ on a native device.
       const size_t nbytes = out.storage().nbytes();
-      const c10::Device device = flagos_device_of(out.storage(), flagos.device());
-      c10::StorageImpl* target = flagos.storage().unsafeGetStorageImpl();
+      const c10::Device device = flagos_device_of(out.storage(), flagos->device());
+      c10::StorageImpl* target = flagos->unsafe_storage().unsafeGetStorageImpl();
       target->set_data_ptr_noswap(take_memory(out.storage(), device));
       target->set_nbytes(nbytes);
-      flagos.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
+      flagos->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       return;
     }
     at::Tensor moved = at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
     moved.copy_(out);
-    flagos.set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
+    handle_to(flagos).set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
   }
 
   c10::DeviceType native_type_;
-  AliasRecycler* recycler_;  // this thread's, where the aliases go back after the call; null: not recycled
+  AliasRecycler* recycler_;  // kernel calls: this thread's, where the aliases go back after the call
+  bool hold_args_;           // the arguments' only holder may be a stack slot the call overwrites
   bool same_device_;         // the op needs its tensors on one device (all but copies)
+  const c10::OperatorName* op_ = nullptr;  // a boxed call's op, asked whether it is a copy on a mismatch
   std::optional<c10::Device> device_;
-  c10::SmallVector<AliasedStorage, 4> storages_;
   c10::SmallVector<AliasedTensor, 4> tensors_;
-  c10::SmallVector<at::Tensor, 2> passed_;  // the arguments not on flagos, passed as they are
+  c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
+  c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
+  c10::SmallVector<SharedResult, 1> shared_results_;
 };
 
 // The device a guard around a native call sets: the backing device itself when flagos is backed (the
@@ -429,28 +514,13 @@ at::Tensor adopt_native(const at::Tensor& native) {
                      native);
 }
 
-namespace {
-
-// Copies take tensors of different devices (flagos and cuda, say); every other op wants them on one.
-bool takes_mixed_devices(const c10::OperatorName& name) {
-  static const char* const kCopies[] = {"aten::copy_",          "aten::copy",
-                                        "aten::_copy_from",     "aten::_copy_from_and_resize",
-                                        "aten::_foreach_copy_", "aten::_foreach_copy"};
-  for (const char* copy : kCopies) {
-    if (name.name == copy) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                             const std::function<void(torch::jit::Stack*)>& run, NativeCall call) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const c10::DeviceType native_type = native_device_type();
-  AliasScope scope(native_type, /*recycle=*/call == NativeCall::kKernel,
-                   /*same_device=*/!takes_mixed_devices(schema.operator_name()));
+  AliasScope scope(native_type, call == NativeCall::kKernel ? ScopeKind::kBoxedKernel : ScopeKind::kPython,
+                   schema.operator_name());
   auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   for (auto it = args_begin; it != stack->end(); ++it) *it = scope.alias_value(*it);
   for (size_t i = 0; i < num_args; ++i) {
@@ -492,14 +562,14 @@ const AliasScope& scope_in(const unsigned char* buffer) {
 }  // namespace
 
 NativeAliases::NativeAliases(bool same_device) {
-  new (scope_) AliasScope(native_device_type(), /*recycle=*/true, same_device);
+  new (scope_) AliasScope(native_device_type(), ScopeKind::kUnboxedKernel, same_device);
 }
 
 NativeAliases::~NativeAliases() {
   scope_in(scope_).~AliasScope();
 }
 
-at::Tensor NativeAliases::alias(const at::Tensor& t) {
+const at::Tensor& NativeAliases::alias(const at::Tensor& t) {
   return scope_in(scope_).alias(t);
 }
 
@@ -530,8 +600,12 @@ void NativeAliases::enter() const {
   sync_before_native_kernel(device(), native_device_type());
 }
 
-at::Tensor NativeAliases::adopt(const at::Tensor& native) {
-  return scope_in(scope_).adopt(native);
+at::Tensor NativeAliases::adopt(at::Tensor&& native) {
+  return scope_in(scope_).adopt(std::move(native));
+}
+
+c10::TensorImpl* NativeAliases::adopt_argument(const at::Tensor& native) {
+  return scope_in(scope_).adopt_argument(native);
 }
 
 }  // namespace flagos::ops

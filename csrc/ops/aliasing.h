@@ -37,8 +37,9 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
 // The scope lives in a buffer inside this object rather than behind a pointer (no heap allocation per
 // call) and its type stays private to aliasing.cpp, which static_asserts that it fits.
 //
-// For calls of native kernels only: once the call is over, aliases nothing else references are recycled
-// for the next call on this thread (their memory released first).
+// For calls of native kernels only, whose caller holds every argument through the call: the aliases view
+// the arguments' memory without taking references, and once the call is over the ones nothing else
+// references are recycled for the next call on this thread (their memory released first).
 class NativeAliases {
  public:
   // same_device=false for copies, whose tensors may be on different devices (the call's device() is then
@@ -48,7 +49,9 @@ class NativeAliases {
   NativeAliases(const NativeAliases&) = delete;
   NativeAliases& operator=(const NativeAliases&) = delete;
 
-  at::Tensor alias(const at::Tensor& t);  // a flagos tensor's native alias; other tensors as they are
+  // A flagos tensor's native alias; other tensors as they are. The reference is valid until the next
+  // alias() call (take a copy, or a borrow: the tensor itself lives as long as this object).
+  const at::Tensor& alias(const at::Tensor& t);
   std::optional<at::Generator> generator(const std::optional<at::Generator>& gen);
   c10::Device device_arg(c10::Device d);      // a flagos device argument as the native device
   std::optional<c10::Device> device() const;  // the call's flagos device, if it has one
@@ -56,7 +59,11 @@ class NativeAliases {
   std::optional<c10::Device> guard_device() const;
   // Before running a host kernel on the aliases: let queued stream work on their memory land first.
   void enter() const;
-  at::Tensor adopt(const at::Tensor& native);  // the flagos result for a native result
+  // The flagos result for a fresh native result (or a view of an argument), moved into it where it can be.
+  at::Tensor adopt(at::Tensor&& native);
+  // For a native result that is an argument (in-place, out=): the caller's tensor it stands for, brought up
+  // to date with what the kernel did to the alias (an out= resized); nullptr for any other result.
+  c10::TensorImpl* adopt_argument(const at::Tensor& native);
 
   static constexpr size_t kScopeBytes = 256;
 

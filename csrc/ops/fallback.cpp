@@ -5,7 +5,11 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 #include "ops/aliasing.h"
 #include "ops/python_route.h"
@@ -14,13 +18,64 @@
 namespace flagos::ops {
 namespace {
 
-// One cache line per backend, so that threads whose ops run on different backends do not contend.
-struct alignas(64) CallCounter {
-  std::atomic<uint64_t> calls{0};
+// Routed-call counts, kept per thread: each counter is written by its own thread only, with a plain load and
+// store rather than an atomic read-modify-write (two locked increments per op were a measurable part of a
+// tiny op's route), and summed on read. A reset records each thread's current counts as its base.
+constexpr int kUnboxedSlot = kNumBackends;
+constexpr int kCountSlots = kNumBackends + 1;
+
+struct ThreadCalls;
+
+struct CallRegistry {
+  std::mutex mu;
+  std::vector<ThreadCalls*> threads;            // guarded by mu
+  std::array<uint64_t, kCountSlots> retired{};  // counts of exited threads since the last reset (mu)
 };
 
-CallCounter g_calls[kNumBackends];
-CallCounter g_unboxed_calls;
+CallRegistry& registry() {
+  static CallRegistry* r = new CallRegistry();  // leaked: threads may exit during static destruction
+  return *r;
+}
+
+struct ThreadCalls {
+  std::array<std::atomic<uint64_t>, kCountSlots> counts{};
+  std::array<uint64_t, kCountSlots> base{};  // the counts at the last reset (registry().mu)
+
+  ThreadCalls() {
+    CallRegistry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.threads.push_back(this);
+  }
+  ~ThreadCalls() {
+    CallRegistry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (int k = 0; k < kCountSlots; ++k) r.retired[k] += counts[k].load(std::memory_order_relaxed) - base[k];
+    r.threads.erase(std::find(r.threads.begin(), r.threads.end(), this));
+  }
+  ThreadCalls(const ThreadCalls&) = delete;
+  ThreadCalls& operator=(const ThreadCalls&) = delete;
+
+  void bump(int slot) {
+    std::atomic<uint64_t>& c = counts[slot];
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+};
+
+ThreadCalls& thread_calls() {
+  thread_local ThreadCalls calls;
+  return calls;
+}
+
+std::array<uint64_t, kCountSlots> call_counts() {
+  CallRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::array<uint64_t, kCountSlots> total = r.retired;
+  for (const ThreadCalls* t : r.threads) {
+    for (int k = 0; k < kCountSlots; ++k)
+      total[k] += t->counts[k].load(std::memory_order_relaxed) - t->base[k];
+  }
+  return total;
+}
 
 void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::DispatchKeySet native_keys(native_dispatch_key());
@@ -48,21 +103,18 @@ const c10::BoxedKernel& route_kernel(Backend backend) {
   return kernels[static_cast<int>(backend)];
 }
 
-void count_backend_call(Backend backend) {
-  g_calls[static_cast<int>(backend)].calls.fetch_add(1, std::memory_order_relaxed);
-}
-
-void count_unboxed_call() {
-  g_unboxed_calls.calls.fetch_add(1, std::memory_order_relaxed);
+void count_unboxed_native_call() {
+  ThreadCalls& calls = thread_calls();
+  calls.bump(static_cast<int>(Backend::kNative));
+  calls.bump(kUnboxedSlot);
 }
 
 uint64_t unboxed_call_count() {
-  return g_unboxed_calls.calls.load(std::memory_order_relaxed);
+  return call_counts()[kUnboxedSlot];
 }
 
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // Relaxed: the counters order nothing; readers want totals, not a consistent snapshot across backends.
-  count_backend_call(backend);
+  thread_calls().bump(static_cast<int>(backend));
   switch (backend) {
     case Backend::kNative:
       run_native(op, stack);
@@ -82,14 +134,19 @@ void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 std::array<uint64_t, kNumBackends> backend_call_counts() {
+  const std::array<uint64_t, kCountSlots> total = call_counts();
   std::array<uint64_t, kNumBackends> counts{};
-  for (int i = 0; i < kNumBackends; ++i) counts[i] = g_calls[i].calls.load(std::memory_order_relaxed);
+  for (int i = 0; i < kNumBackends; ++i) counts[i] = total[i];
   return counts;
 }
 
 void reset_backend_call_counts() {
-  for (CallCounter& c : g_calls) c.calls.store(0, std::memory_order_relaxed);
-  g_unboxed_calls.calls.store(0, std::memory_order_relaxed);
+  CallRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.retired.fill(0);
+  for (ThreadCalls* t : r.threads) {
+    for (int k = 0; k < kCountSlots; ++k) t->base[k] = t->counts[k].load(std::memory_order_relaxed);
+  }
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -28,10 +28,8 @@ c10::DispatchKey native_dispatch_key();
 // route for a call the router sends elsewhere, with c10's own boxing (c10::impl::BoxedKernelWrapper).
 const c10::BoxedKernel& route_kernel(Backend backend);
 
-// Counts one call served by `backend` without going through run_route (the unboxed native path), and
-// one call taken by the unboxed path.
-void count_backend_call(Backend backend);
-void count_unboxed_call();
+// Counts one call the unboxed native path served (not through run_route): a native call and an unboxed one.
+void count_unboxed_native_call();
 
 // Calls the unboxed native path served since the process started or the last reset (tests and the
 // benchmark use it to see that the fast path is taken).

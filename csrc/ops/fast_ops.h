@@ -77,10 +77,19 @@ struct NativeArg {
   void finish(NativeAliases& /*aliases*/) {}
 };
 
+// The aliases of tensor arguments are the NativeAliases' own; the arguments passed to the kernel are
+// borrows of them (c10::MaybeOwned's kind: a handle without a reference of its own, released rather than
+// dropped), which spares an atomic increment and decrement per tensor.
+using BorrowTraits = c10::MaybeOwnedTraits<at::Tensor>;
+
 template <>
 struct NativeArg<const at::Tensor&> {
   at::Tensor value;
-  NativeArg(NativeAliases& aliases, const at::Tensor& t) : value(aliases.alias(t)) {}
+  NativeArg(NativeAliases& aliases, const at::Tensor& t)
+      : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
+  NativeArg(NativeArg&& other) noexcept = default;  // leaves `other` undefined, which releases nothing
+  NativeArg(const NativeArg&) = delete;
+  ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   const at::Tensor& get() { return value; }
   void finish(NativeAliases& /*aliases*/) {}
 };
@@ -88,7 +97,10 @@ struct NativeArg<const at::Tensor&> {
 template <>
 struct NativeArg<at::Tensor&> {
   at::Tensor value;
-  NativeArg(NativeAliases& aliases, at::Tensor& t) : value(aliases.alias(t)) {}
+  NativeArg(NativeAliases& aliases, at::Tensor& t) : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
+  NativeArg(NativeArg&& other) noexcept = default;
+  NativeArg(const NativeArg&) = delete;
+  ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   at::Tensor& get() { return value; }
   void finish(NativeAliases& /*aliases*/) {}
 };
@@ -97,32 +109,46 @@ template <>
 struct NativeArg<const std::optional<at::Tensor>&> {
   std::optional<at::Tensor> value;
   NativeArg(NativeAliases& aliases, const std::optional<at::Tensor>& t) {
-    if (t.has_value()) value = aliases.alias(*t);
+    if (t.has_value()) value.emplace(BorrowTraits::createBorrow(aliases.alias(*t)));
+  }
+  NativeArg(NativeArg&& other) noexcept = default;
+  NativeArg(const NativeArg&) = delete;
+  ~NativeArg() {
+    if (value.has_value()) BorrowTraits::destroyBorrow(*value);
   }
   const std::optional<at::Tensor>& get() { return value; }
   void finish(NativeAliases& /*aliases*/) {}
 };
 
+// Borrows of the aliases of a tensor list's elements.
+struct BorrowedList {
+  c10::SmallVector<at::Tensor, 4> value;
+  template <class List>
+  BorrowedList(NativeAliases& aliases, const List& list) {
+    value.reserve(list.size());
+    for (const at::Tensor& t : list) value.push_back(BorrowTraits::createBorrow(aliases.alias(t)));
+  }
+  BorrowedList(BorrowedList&& other) noexcept = default;  // leaves `other` empty
+  BorrowedList(const BorrowedList&) = delete;
+  ~BorrowedList() {
+    for (at::Tensor& t : value) BorrowTraits::destroyBorrow(t);
+  }
+};
+
 template <>
 struct NativeArg<at::TensorList> {
-  c10::SmallVector<at::Tensor, 4> value;
-  NativeArg(NativeAliases& aliases, at::TensorList list) {
-    value.reserve(list.size());
-    for (const at::Tensor& t : list) value.push_back(aliases.alias(t));
-  }
-  at::TensorList get() { return value; }
+  BorrowedList list;
+  NativeArg(NativeAliases& aliases, at::TensorList l) : list(aliases, l) {}
+  at::TensorList get() { return list.value; }
   void finish(NativeAliases& /*aliases*/) {}
 };
 
 template <>
 struct NativeArg<const at::ITensorListRef&> {
-  c10::SmallVector<at::Tensor, 4> value;
-  NativeArg(NativeAliases& aliases, const at::ITensorListRef& list) {
-    value.reserve(list.size());
-    for (const at::Tensor& t : list) value.push_back(aliases.alias(t));
-  }
+  BorrowedList list;
+  NativeArg(NativeAliases& aliases, const at::ITensorListRef& l) : list(aliases, l) {}
   // A temporary that lives until the end of the redispatch's full expression.
-  at::ITensorListRef get() { return at::ITensorListRef(at::TensorList(value)); }
+  at::ITensorListRef get() { return at::ITensorListRef(at::TensorList(list.value)); }
   void finish(NativeAliases& /*aliases*/) {}
 };
 
@@ -162,14 +188,14 @@ struct NativeArg<std::optional<c10::Device>> {
 // The caller's own tensor object behind an adopted in-place/out= result (the dispatcher's boxed wrapper
 // returns the argument itself, so the fast path does too). Mutable results match mutable arguments only.
 template <class Ref, class... Args>
-Ref caller_tensor(const at::Tensor& adopted, Args&... args) {
+Ref caller_tensor(const c10::TensorImpl* adopted, Args&... args) {
   using Pointer = std::remove_reference_t<Ref>*;
   Pointer found = nullptr;
   auto match = [&](auto& arg) {
     using A = std::remove_reference_t<decltype(arg)>;
     if constexpr (std::is_same_v<A, at::Tensor> ||
                   (std::is_const_v<std::remove_reference_t<Ref>> && std::is_same_v<A, const at::Tensor>)) {
-      if (found == nullptr && arg.unsafeGetTensorImpl() == adopted.unsafeGetTensorImpl()) found = &arg;
+      if (found == nullptr && arg.unsafeGetTensorImpl() == adopted) found = &arg;
     }
   };
   (match(args), ...);
@@ -177,17 +203,19 @@ Ref caller_tensor(const at::Tensor& adopted, Args&... args) {
   return *found;
 }
 
-// The flagos result of type R for native result `native`.
+// The flagos result of type R for native result `native` (fresh results are moved, not copied).
 template <class R, class Native, class... Args>
 R adopt_as(NativeAliases& aliases, Native&& native, Args&... args) {
   if constexpr (std::is_same_v<R, at::Tensor>) {
-    return aliases.adopt(native);
+    static_assert(std::is_same_v<Native, at::Tensor>, "a fresh result comes by value");
+    return aliases.adopt(std::move(native));
   } else if constexpr (std::is_same_v<R, at::Tensor&> || std::is_same_v<R, const at::Tensor&>) {
-    return caller_tensor<R>(aliases.adopt(native), args...);
+    return caller_tensor<R>(aliases.adopt_argument(native), args...);
   } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+    static_assert(std::is_same_v<Native, std::vector<at::Tensor>>, "fresh results come by value");
     std::vector<at::Tensor> out;
     out.reserve(native.size());
-    for (const at::Tensor& t : native) out.push_back(aliases.adopt(t));
+    for (at::Tensor& t : native) out.push_back(aliases.adopt(std::move(t)));
     return out;
   } else {
     return static_cast<R>(std::forward<Native>(native));  // scalars, bools, ...
@@ -198,7 +226,7 @@ template <class... Rs, class NativeTuple, size_t... I, class... Args>
 std::tuple<Rs...> adopt_tuple(NativeAliases& aliases, NativeTuple& native,
                               std::index_sequence<I...> /*unused*/, Args&... args) {
   // Braced initialisation: the results are adopted in order, as the boxed path adopts them.
-  return std::tuple<Rs...>{adopt_as<Rs>(aliases, std::get<I>(native), args...)...};
+  return std::tuple<Rs...>{adopt_as<Rs>(aliases, std::get<I>(std::move(native)), args...)...};
 }
 
 template <class R>
@@ -212,7 +240,7 @@ struct Adopt {
 template <class... Rs>
 struct Adopt<std::tuple<Rs...>> {
   template <class Native, class... Args>
-  static std::tuple<Rs...> run(NativeAliases& aliases, Native& native, Args&... args) {
+  static std::tuple<Rs...> run(NativeAliases& aliases, Native&& native, Args&... args) {
     return adopt_tuple<Rs...>(aliases, native, std::index_sequence_for<Rs...>{}, args...);
   }
 };
@@ -285,8 +313,7 @@ struct FastKernel<Op, Ret(Args...)> {
           std::forward<Args>(args)...);
     }
     if constexpr (Traits::kCounted) {
-      count_backend_call(Backend::kNative);
-      count_unboxed_call();
+      count_unboxed_native_call();
     }
     return run_native(args...);
   }
@@ -304,7 +331,7 @@ struct FastKernel<Op, Ret(Args...)> {
       redispatch(keys, native);
     } else {
       decltype(auto) result = redispatch(keys, native);
-      return fast_detail::Adopt<Ret>::run(aliases, result, args...);
+      return fast_detail::Adopt<Ret>::run(aliases, std::forward<decltype(result)>(result), args...);
     }
   }
 

@@ -42,6 +42,9 @@ void release_borrowed(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
+// The deleter of a borrow_for_call() DataPtr, which holds no reference.
+void forget_borrowed(void* /*context*/) {}
+
 }  // namespace
 
 bool is_backed() noexcept {
@@ -117,9 +120,24 @@ c10::DataPtr borrow(const c10::Storage& owner, c10::Device device) {
   return c10::DataPtr(owner.mutable_data(), impl, &release_borrowed, device);
 }
 
+c10::DataPtr borrow_for_call(const c10::Storage& owner, c10::Device device) {
+  c10::StorageImpl* impl = owner.unsafeGetStorageImpl();
+  return c10::DataPtr(owner.mutable_data(), impl, &forget_borrowed, device);
+}
+
+void keep_borrowed_owner(c10::StorageImpl& storage) {
+  c10::DataPtr& ptr = storage._mutable_data_ptr_no_checks();
+  if (ptr.get_deleter() != &forget_borrowed) return;
+  c10::raw::intrusive_ptr::incref(static_cast<c10::StorageImpl*>(ptr.get_context()));
+  const bool swapped = ptr.compare_exchange_deleter(&forget_borrowed, &release_borrowed);
+  TORCH_INTERNAL_ASSERT(swapped);
+}
+
 const c10::StorageImpl* borrowed_from(const c10::DataPtr& ptr) {
-  return ptr.get_deleter() == &release_borrowed ? static_cast<const c10::StorageImpl*>(ptr.get_context())
-                                                : nullptr;
+  const c10::DeleterFnPtr deleter = ptr.get_deleter();
+  return deleter == &release_borrowed || deleter == &forget_borrowed
+             ? static_cast<const c10::StorageImpl*>(ptr.get_context())
+             : nullptr;
 }
 
 }  // namespace flagos::runtime

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A/B of two builds in one call of the GPU machine (docs/gpu.md): the working tree ("new") against an older
+# tree ("base", default .ab-base/: `git archive <rev> | tar -x -C .ab-base`, carried with the call; add it
+# to .git/info/exclude). Both are built side by side into /tmp/ab-<name>, then each benchmark command runs
+# for base and new in turn, ROUNDS times, so that machine drift hits both alike:
+#
+#   scripts/gpu_ab.sh "python3 benchmarks/op_overhead.py --repeats 5" "python3 benchmarks/qwen3.py"
+#   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu_ab.sh "..."   # again in the same call, without rebuilding
+#
+# Logs under $OUT (or ./gpu-logs): ab-<name>-<i>-<round>.log and a summary of their last lines.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BASE=${AB_BASE:-.ab-base}
+ROUNDS=${AB_ROUNDS:-2}
+LOGS=${OUT:-gpu-logs}
+mkdir -p "$LOGS"
+[ -d "$BASE" ] || { echo "no base tree at $BASE" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: scripts/gpu_ab.sh COMMAND..." >&2; exit 2; }
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+build() {  # name dir
+  rm -rf "/tmp/ab-$1"
+  (cd "$2" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/ab-$1" .) \
+    > "$LOGS/ab-build-$1.log" 2>&1 || { echo "build of $1 failed"; tail -30 "$LOGS/ab-build-$1.log"; return 1; }
+}
+if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then  # AB_SKIP_BUILD=1: an earlier run in this call built both
+  echo "== [$SECONDS s] building base ($BASE) and new (.)"
+  build base "$BASE" & b=$!
+  build new . & n=$!
+  wait $b && wait $n || exit 1
+  echo "== [$SECONDS s] built"
+fi
+for name in base new; do
+  PYTHONPATH=/tmp/ab-$name:/tmp/site python3 -c "import torch_fl; print('$name:', torch_fl.__file__)"
+done
+i=0
+for command in "$@"; do
+  i=$((i + 1))
+  for round in $(seq 1 "$ROUNDS"); do
+    for name in base new; do
+      log="$LOGS/ab-$name-$i-$round.log"
+      # The build under test first on the path (a script's own folder precedes it, not the checkout's root).
+      PYTHONPATH=/tmp/ab-$name:/tmp/site bash -c "$command" > "$log" 2>&1
+      echo "---- [$SECONDS s] $name, command $i, round $round: $command"
+      tail -${AB_TAIL:-6} "$log"
+    done
+  done
+done
