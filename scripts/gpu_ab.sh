@@ -7,7 +7,8 @@
 #   scripts/gpu_ab.sh "python3 benchmarks/op_overhead.py --repeats 5" "python3 benchmarks/qwen3.py"
 #   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu_ab.sh "..."   # again in the same call, without rebuilding
 #
-# Logs under $OUT (or ./gpu-logs): ab-<name>-<i>-<round>.log and a summary of their last lines.
+# Logs under $OUT (or ./gpu-logs): ab-<name>-<AB_TAG, default "run"><i>-<round>.log (command i), and the
+# last AB_TAIL lines of each to stdout.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BASE=${AB_BASE:-.ab-base}
@@ -33,14 +34,14 @@ if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then  # AB_SKIP_BUILD=1: an earlier run in th
   echo "== [$SECONDS s] built"
 fi
 for name in base new; do
-  PYTHONPATH=/tmp/ab-$name:/tmp/site python3 -c "import torch_fl; print('$name:', torch_fl.__file__)"
+  (cd /tmp && PYTHONPATH=/tmp/ab-$name:/tmp/site python3 -c "import torch_fl; print('$name:', torch_fl.__file__)")
 done
 i=0
 for command in "$@"; do
   i=$((i + 1))
   for round in $(seq 1 "$ROUNDS"); do
     for name in base new; do
-      log="$LOGS/ab-$name-$i-$round.log"
+      log="$LOGS/ab-$name-${AB_TAG:-run}$i-$round.log"
       # The build under test first on the path (a script's own folder precedes it, not the checkout's root).
       PYTHONPATH=/tmp/ab-$name:/tmp/site bash -c "$command" > "$log" 2>&1
       echo "---- [$SECONDS s] $name, command $i, round $round: $command"

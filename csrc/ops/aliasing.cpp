@@ -21,6 +21,26 @@ namespace {
 
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
+// What a native-route call asks several times and that never changes once the accelerator is chosen: read
+// from here, not asked of the runtime (each an out-of-line call, the deleter two virtual ones) per call.
+// Made on the first call that aliases, when the accelerator is in use (its deleter needs the backing
+// allocator initialised).
+struct RouteFacts {
+  c10::DeviceType native_type;
+  c10::Allocator* native_allocator;  // what a native alias's storage grows with
+  c10::Allocator* flagos_allocator;
+  c10::DeleterFnPtr flagos_deleter;  // flagos memory's (the backing allocator's when backed)
+};
+
+const RouteFacts& route_facts() {
+  static const RouteFacts facts = [] {
+    const c10::DeviceType type = runtime::is_backed() ? runtime::backing_type() : c10::DeviceType::CPU;
+    return RouteFacts{type, c10::GetAllocator(type), runtime::device_allocator(),
+                      runtime::device_allocator()->raw_deleter()};
+  }();
+  return facts;
+}
+
 c10::DispatchKey dense_key(c10::DeviceType type) {
   if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
   return runtime::is_backed() && type == runtime::backing_type() ? runtime::backing_dispatch_key()
@@ -52,7 +72,7 @@ c10::Device native_device_for(const c10::Storage& storage, c10::DeviceType type)
 // Whether native storage `s` holds flagos memory: from the backing allocator (backed), or handed to a host
 // kernel by the flagos allocator (simulated accelerator, runtime::HostKernelAllocations).
 bool holds_flagos_memory(const c10::Storage& s) {
-  return s.data_ptr().get_deleter() == runtime::device_allocator()->raw_deleter();
+  return s.data_ptr().get_deleter() == route_facts().flagos_deleter;
 }
 
 // Whether native storage `s` holds flagos memory that nothing else references (`holders` references are
@@ -118,7 +138,7 @@ class AliasRecycler {
   at::Tensor alias_of(const at::Tensor& t, c10::DeviceType type) {
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
-    c10::Allocator* allocator = c10::GetAllocator(type);
+    c10::Allocator* allocator = route_facts().native_allocator;
     c10::DataPtr memory = runtime::borrow_for_call(storage, device);
     if (free_.empty() || type_ != type) {
       return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
@@ -146,7 +166,11 @@ class AliasRecycler {
     native->set_allocator(allocator);
     native->set_resizable(true);
     if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (impl->sizes() == t.sizes() && impl->strides() == t.strides()) {
+      impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
+    } else {
+      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    }
     impl->_set_conj(t.is_conj());
     impl->_set_neg(t.is_neg());
     return alias;
@@ -211,9 +235,8 @@ class AliasScope {
   ~AliasScope() {
     if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
     for (AliasedTensor& a : tensors_) {
-      c10::TensorImpl* impl = a.native.unsafeGetTensorImpl();
-      if (!impl->has_storage()) continue;
-      const c10::Storage& storage = impl->unsafe_storage();
+      const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
+      if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
       if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
         // The kernel kept the alias or its storage (or another alias of this call shares the storage): its
         // view of the flagos memory must keep that memory alive from now on.
@@ -385,7 +408,8 @@ class AliasScope {
   }
 
   c10::Device flagos_target() const {
-    return device_.value_or(c10::Device(kFlagos, runtime::current_device()));
+    // Not value_or: the current device is a runtime call (cudaGetDevice), asked only when needed.
+    return device_.has_value() ? *device_ : c10::Device(kFlagos, runtime::current_device());
   }
 
   // A result the kernel allocated itself. Its memory is flagos memory when flagos is backed (the pool both
@@ -401,7 +425,8 @@ class AliasScope {
       result.copy_(out);
       return result;
     }
-    const c10::Device device = flagos_device_of(native, flagos_target());
+    const c10::Device device = runtime::is_backed() ? c10::Device(kFlagos, native.device().index())
+                                                    : flagos_device_of(native, flagos_target());
     if (can_take_memory(native, /*holders=*/1) && can_relabel(out)) {
       relabel_as_flagos_tensor(out, device);
       return movable != nullptr ? std::move(*movable) : out;
@@ -437,7 +462,7 @@ class AliasScope {
     c10::DataPtr memory = take_memory(out.storage(), device);
     storage->set_data_ptr_noswap(std::move(memory));
     storage->set_nbytes(nbytes);
-    storage->set_allocator(runtime::device_allocator());
+    storage->set_allocator(route_facts().flagos_allocator);
     storage->set_resizable(true);
     c10::TensorImpl* impl = out.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(out.storage());  // the device follows the relabelled memory
@@ -562,7 +587,7 @@ const AliasScope& scope_in(const unsigned char* buffer) {
 }  // namespace
 
 NativeAliases::NativeAliases(bool same_device) {
-  new (scope_) AliasScope(native_device_type(), ScopeKind::kUnboxedKernel, same_device);
+  new (scope_) AliasScope(route_facts().native_type, ScopeKind::kUnboxedKernel, same_device);
 }
 
 NativeAliases::~NativeAliases() {
@@ -597,7 +622,8 @@ std::optional<c10::Device> NativeAliases::guard_device() const {
 }
 
 void NativeAliases::enter() const {
-  sync_before_native_kernel(device(), native_device_type());
+  if (runtime::is_backed()) return;  // no host kernels
+  sync_before_native_kernel(device(), route_facts().native_type);
 }
 
 at::Tensor NativeAliases::adopt(at::Tensor&& native) {

@@ -78,7 +78,7 @@ std::array<uint64_t, kCountSlots> call_counts() {
 }
 
 void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::DispatchKeySet native_keys(native_dispatch_key());
+  const c10::DispatchKeySet native_keys = native_dispatch_keys();
   call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(native_keys, s); });
 }
 
@@ -91,6 +91,11 @@ void run_route_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 c10::DispatchKey native_dispatch_key() {
   return runtime::is_backed() ? runtime::backing_dispatch_key() : c10::DispatchKey::CPU;
+}
+
+c10::DispatchKeySet native_dispatch_keys() {
+  static const c10::DispatchKeySet keys(native_dispatch_key());
+  return keys;
 }
 
 const c10::BoxedKernel& route_kernel(Backend backend) {

@@ -23,6 +23,8 @@ void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The dispatch key of the native device's kernels (the backing device's, CPU on the simulated accelerator).
 c10::DispatchKey native_dispatch_key();
+// The same as a key set, made once (every native-route call redispatches with it).
+c10::DispatchKeySet native_dispatch_keys();
 
 // A boxed kernel that runs run_route(backend, ...): how an unboxed kernel (ops/fast_ops.h) takes the boxed
 // route for a call the router sends elsewhere, with c10's own boxing (c10::impl::BoxedKernelWrapper).

@@ -326,7 +326,7 @@ struct FastKernel<Op, Ret(Args...)> {
     std::apply([&](auto&... a) { (a.finish(aliases), ...); }, native);
     c10::OptionalDeviceGuard guard(aliases.guard_device());
     aliases.enter();
-    const c10::DispatchKeySet keys(native_dispatch_key());
+    const c10::DispatchKeySet keys = native_dispatch_keys();
     if constexpr (std::is_void_v<Ret>) {
       redispatch(keys, native);
     } else {

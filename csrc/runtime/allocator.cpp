@@ -378,12 +378,12 @@ class HostKernelCpuAllocator final : public c10::Allocator {
 
 }  // namespace
 
-HostKernelAllocations::HostKernelAllocations() : active_(!is_backed()) {
-  if (active_) ++t_host_kernel_scopes;
+void HostKernelAllocations::enter() {
+  ++t_host_kernel_scopes;
 }
 
-HostKernelAllocations::~HostKernelAllocations() {
-  if (active_) --t_host_kernel_scopes;
+void HostKernelAllocations::leave() {
+  --t_host_kernel_scopes;
 }
 
 std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr) {

@@ -9,6 +9,8 @@
 
 #include <optional>
 
+#include "runtime/native_backing.h"
+
 namespace flagos::runtime {
 
 class CachingDeviceAllocator : public c10::DeviceAllocator {
@@ -42,12 +44,18 @@ CachingDeviceAllocator* device_allocator();
 // is backed by a torch device type (whose kernels allocate from the flagos pool already).
 class HostKernelAllocations {
  public:
-  HostKernelAllocations();
-  ~HostKernelAllocations();
+  HostKernelAllocations() : active_(!is_backed()) {
+    if (active_) enter();
+  }
+  ~HostKernelAllocations() {
+    if (active_) leave();
+  }
   HostKernelAllocations(const HostKernelAllocations&) = delete;
   HostKernelAllocations& operator=(const HostKernelAllocations&) = delete;
 
  private:
+  static void enter();
+  static void leave();
   bool active_;
 };
 

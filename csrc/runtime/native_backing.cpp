@@ -47,9 +47,15 @@ void forget_borrowed(void* /*context*/) {}
 
 }  // namespace
 
-bool is_backed() noexcept {
-  return backing().has_value();
+namespace detail {
+std::atomic<int8_t> g_backed{-1};
+
+bool decide_backed() noexcept {
+  const bool backed = backing().has_value();
+  g_backed.store(backed ? 1 : 0, std::memory_order_relaxed);
+  return backed;
 }
+}  // namespace detail
 
 c10::DeviceType backing_type() noexcept {
   return backing().value_or(c10::DeviceType::CPU);

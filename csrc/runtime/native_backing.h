@@ -16,11 +16,24 @@
 #include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/macros/Macros.h>
+
+#include <atomic>
+#include <cstdint>
 
 namespace flagos::runtime {
 
+namespace detail {
+// -1 until decided, then 0 or 1: is_backed() is asked on every native-route call.
+extern std::atomic<int8_t> g_backed;
+bool decide_backed() noexcept;
+}  // namespace detail
+
 // True when flagos is backed by a torch device type (decided once, with the accelerator). Never throws.
-bool is_backed() noexcept;
+inline bool is_backed() noexcept {
+  const int8_t backed = detail::g_backed.load(std::memory_order_relaxed);
+  return C10_LIKELY(backed >= 0) ? backed != 0 : detail::decide_backed();
+}
 
 // The backing device type (valid only when is_backed()).
 c10::DeviceType backing_type() noexcept;
