@@ -23,7 +23,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 build() {  # name dir
   rm -rf "/tmp/ab-$1"
-  (cd "$2" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/ab-$1" .) \
+  (cd "$2" && python3 -m pip install -q --no-build-isolation --no-deps -C install.strip=false --target "/tmp/ab-$1" .) \
     > "$LOGS/ab-build-$1.log" 2>&1 || { echo "build of $1 failed"; tail -30 "$LOGS/ab-build-$1.log"; return 1; }
 }
 if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then  # AB_SKIP_BUILD=1: an earlier run in this call built both
