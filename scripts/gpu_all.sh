@@ -60,7 +60,7 @@ fi
 
 echo "== [$SECONDS s] benchmarks, alone on the GPU"
 OUT=$L scripts/gpu_check.sh bench 2>&1 | tail -40
-timeout 300 python3 benchmarks/qwen3.py --repeats 3 --configs native,torch_fl/configs/flaggems_cuda.conf \
+timeout 330 python3 benchmarks/qwen3.py --repeats 5 --configs native,torch_fl/configs/flaggems_cuda.conf \
   --top-ops 12 2>&1 | grep -v USDT | tee "$L/qwen3.log" | tail -50
 pkill -f _qwen3_clean_process || true
 timeout 45 python3 benchmarks/flaggems_overhead.py --n 200 --repeats 3 2>&1 | tee "$L/flaggems_overhead.log"
