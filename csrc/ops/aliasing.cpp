@@ -9,6 +9,7 @@
 #include <new>
 #include <typeinfo>
 
+#include "ops/alias_memory.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
@@ -19,85 +20,7 @@
 namespace flagos::ops {
 namespace {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
-
-// What a native-route call asks several times and that never changes once the accelerator is chosen: read
-// from here, not asked of the runtime (each an out-of-line call, the deleter two virtual ones) per call.
-// Made on the first call that aliases, when the accelerator is in use (its deleter needs the backing
-// allocator initialised).
-struct RouteFacts {
-  c10::DeviceType native_type;
-  c10::Allocator* native_allocator;  // what a native alias's storage grows with
-  c10::Allocator* flagos_allocator;
-  c10::DeleterFnPtr flagos_deleter;  // flagos memory's (the backing allocator's when backed)
-};
-
-const RouteFacts& route_facts() {
-  static const RouteFacts facts = [] {
-    const c10::DeviceType type = runtime::is_backed() ? runtime::backing_type() : c10::DeviceType::CPU;
-    return RouteFacts{type, c10::GetAllocator(type), runtime::device_allocator(),
-                      runtime::device_allocator()->raw_deleter()};
-  }();
-  return facts;
-}
-
-c10::DispatchKey dense_key(c10::DeviceType type) {
-  if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
-  return runtime::is_backed() && type == runtime::backing_type() ? runtime::backing_dispatch_key()
-                                                                 : c10::DispatchKey::CPU;
-}
-
-// A tensor of device type `type` with t's dtype, geometry and conjugate/negative bits over `storage`.
-at::Tensor tensor_over(c10::Storage storage, c10::DeviceType type, const at::Tensor& t) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(dense_key(type)),
-                                                   t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) impl->_set_conj(true);
-  if (t.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
-}
-
-// A storage on `device` viewing `storage`'s memory and keeping it alive. Resizable through `allocator`, so
-// out= arguments can grow (the grown memory is then the new storage's own).
-c10::Storage borrowed_storage(const c10::Storage& storage, c10::Device device, c10::Allocator* allocator) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), runtime::borrow(storage, device),
-                      allocator, /*resizable=*/true);
-}
-
-// The device a native-device view of flagos `storage` is labelled with (CPU is the one without an index).
-c10::Device native_device_for(const c10::Storage& storage, c10::DeviceType type) {
-  return c10::Device(type, type == c10::DeviceType::CPU ? -1 : storage.device().index());
-}
-
-// Whether native storage `s` holds flagos memory: from the backing allocator (backed), or handed to a host
-// kernel by the flagos allocator (simulated accelerator, runtime::HostKernelAllocations).
-bool holds_flagos_memory(const c10::Storage& s) {
-  return s.data_ptr().get_deleter() == route_facts().flagos_deleter;
-}
-
-// Whether native storage `s` holds flagos memory that nothing else references (`holders` references are
-// ours), so it can become a flagos storage's memory as it is.
-bool can_take_memory(const c10::Storage& s, size_t holders) {
-  return static_cast<size_t>(s.use_count()) <= holders && holds_flagos_memory(s);
-}
-
-// The flagos device of flagos memory held by native storage `s`: the backing device's index, or the
-// device the flagos allocator handed the block out on (host-kernel memory is labelled CPU).
-c10::Device flagos_device_of(const c10::Storage& s, c10::Device fallback) {
-  if (runtime::is_backed()) return c10::Device(kFlagos, s.device().index());
-  return c10::Device(kFlagos, runtime::owned_memory_device(s.data_ptr()).value_or(fallback.index()));
-}
-
-// Takes the memory out of native storage `s` (left empty), relabelled as flagos memory of `device`. The
-// allocator keeps tracking the block: the DataPtr keeps its deleter and context.
-c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
-  c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-  c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, s.device()));
-  impl->set_nbytes(0);
-  if (runtime::is_backed()) return runtime::relabel_as_flagos(std::move(data));
-  data.unsafe_set_device(device);
-  return data;
-}
+using namespace alias_memory;  // the memory half of this file's aliasing (ops/alias_memory.h)
 
 bool is_optional_generator(const c10::Argument& arg) {
   const c10::TypePtr& type = arg.type();
@@ -115,86 +38,6 @@ bool takes_mixed_devices(const c10::OperatorName& name) {
   }
   return false;
 }
-
-// Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its
-// version counter, StorageImpl), made and freed for every tensor argument of every native-route call: a
-// good part of what the route adds to a tiny op. A recycled one is a handful of stores. Only aliases that
-// nothing references after the call come back (one a kernel kept stays the kernel's), and they come back
-// with their storage emptied, so a free alias holds no flagos memory. Used for calls of native kernels
-// only: Python code could tie a Python object to an alias.
-//
-// The aliases view their flagos memory without a reference to its storage (runtime::borrow_for_call):
-// the caller's tensor keeps it alive for the call, and AliasScope makes the view an owning one if the
-// alias outlives the call. With the dtype and device of a free alias matching the argument's, reusing it
-// takes no atomic operation at all.
-class AliasRecycler {
- public:
-  static AliasRecycler& local() {
-    thread_local AliasRecycler recycler;
-    return recycler;
-  }
-
-  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory.
-  at::Tensor alias_of(const at::Tensor& t, c10::DeviceType type) {
-    const c10::Storage& storage = t.storage();
-    const c10::Device device = native_device_for(storage, type);
-    c10::Allocator* allocator = route_facts().native_allocator;
-    c10::DataPtr memory = runtime::borrow_for_call(storage, device);
-    if (free_.empty() || type_ != type) {
-      return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
-                                      allocator, /*resizable=*/true),
-                         type, t);
-    }
-    // Preferably one with t's dtype and device already: no storage reassignment (an atomic pair).
-    size_t pick = free_.size() - 1;
-    bool same_kind = false;
-    for (size_t i = free_.size(); i-- > 0;) {
-      const c10::TensorImpl* impl = free_[i].unsafeGetTensorImpl();
-      if (impl->dtype() == t.dtype() && impl->device() == device) {
-        pick = i;
-        same_kind = true;
-        break;
-      }
-    }
-    at::Tensor alias = std::move(free_[pick]);
-    if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
-    free_.pop_back();
-    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
-    native->set_data_ptr_noswap(std::move(memory));
-    native->set_nbytes(storage.nbytes());
-    native->set_allocator(allocator);
-    native->set_resizable(true);
-    if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
-    if (impl->sizes() == t.sizes() && impl->strides() == t.strides()) {
-      impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
-    } else {
-      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    }
-    impl->_set_conj(t.is_conj());
-    impl->_set_neg(t.is_neg());
-    return alias;
-  }
-
-  // Takes back an alias of `type` made by alias_of, once its call is over and nothing else references it
-  // or its storage. Dropped instead when the list is full.
-  void put(at::Tensor&& alias, c10::DeviceType type) {
-    if (free_.size() == kCapacity) return;
-    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
-    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
-    native->set_data_ptr_noswap(c10::DataPtr(nullptr, native->device()));
-    native->set_nbytes(0);
-    if (free_.empty()) type_ = type;
-    if (type != type_) return;
-    free_.push_back(std::move(alias));
-  }
-
- private:
-  static constexpr size_t kCapacity = 8;
-  c10::DeviceType type_ = c10::DeviceType::CPU;
-  c10::SmallVector<at::Tensor, kCapacity> free_;
-};
 
 struct AliasedTensor {
   at::Tensor native;              // the alias: the scope's
