@@ -268,8 +268,7 @@ class AliasScope {
       result.copy_(out);
       return result;
     }
-    const c10::Device device = runtime::is_backed() ? c10::Device(kFlagos, native.device().index())
-                                                    : flagos_device_of(native, flagos_target());
+    const c10::Device device = flagos_device_of(native, flagos_target());
     if (can_take_memory(native, /*holders=*/1) && can_relabel(out)) {
       relabel_as_flagos_tensor(out, device);
       return movable != nullptr ? std::move(*movable) : out;
