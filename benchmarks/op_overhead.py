@@ -7,6 +7,13 @@ rounds), the median of the rounds' ratios, the difference, and the median ratio 
 flagos dispatch (router plus native route, or a basic kernel) adds over the native dispatch.
 
     python benchmarks/op_overhead.py [--n 2000] [--repeats 9] [--ops add,mm]
+    python benchmarks/op_overhead.py --set qwen3    # the ops of a Qwen3-0.6B decode step, bf16, its shapes
+
+``--set qwen3`` times what one decode step of Qwen3-0.6B runs (batch 1, one new token, a 40-token cache)
+with the model's shapes and dtype: a projection (``F.linear``: t, matmul's reshape, mm, _unsafe_view), the
+RMSNorm and rotary sequences, SDPA with grouped KV heads, the gated MLP's activation, the casts; ``ops``
+says how many operator calls each case makes, ``diff/op`` what flagos adds per call. Where the ops' own
+overhead (the default set) and a model's (benchmarks/qwen3.py) disagree, these cases tell which ops differ.
 
 Run it once with FLAGOS_LOG_DISPATCH unset (the default) and, to see what logging costs, once with it set.
 """
@@ -82,6 +89,50 @@ def make_cases(device: str) -> dict:
     }
 
 
+def make_qwen3_cases(device: str) -> dict:
+    """Name -> (callable running one piece of a Qwen3-0.6B decode step on `device`, operator calls it makes).
+    bf16 where the model computes in bf16; the RMSNorm and rotary sequences are Hugging Face's."""
+    g = torch.Generator().manual_seed(0)
+    bf16 = torch.bfloat16
+
+    def t(*shape, dtype=bf16):
+        return (torch.randn(*shape, generator=g) * 0.1).to(dtype).to(device)
+
+    hidden, residual = t(1, 1, 1024), t(1, 1, 1024)
+    norm_weight = t(1024)
+    w_gate, w_down, w_q = t(3072, 1024), t(1024, 3072), t(2048, 1024)
+    gate, up = t(1, 1, 3072), t(1, 1, 3072)
+    q, k, v = t(1, 16, 1, 128), t(1, 8, 40, 128), t(1, 8, 40, 128)
+    cos, sin = t(1, 1, 128), t(1, 1, 128)
+
+    def rms_norm(x):
+        # transformers' Qwen3RMSNorm: to, pow, mean, add, rsqrt, mul, to, mul
+        xf = x.to(torch.float32)
+        variance = xf.pow(2).mean(-1, keepdim=True)
+        xf = xf * torch.rsqrt(variance + 1e-6)
+        return norm_weight * xf.to(bf16)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., 64:], x[..., :64]), dim=-1)
+
+    def rotary(x):  # apply_rotary_pos_emb for one of q, k: mul, neg, cat, mul, add (and views)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return (x * c) + (rotate_half(x) * s)
+
+    return {
+        "linear 1024->3072": (lambda: F.linear(hidden, w_gate), 1),
+        "linear 3072->1024": (lambda: F.linear(gate, w_down), 1),
+        "linear q proj": (lambda: F.linear(hidden, w_q), 1),
+        "to float32": (lambda: hidden.to(torch.float32), 1),
+        "rms_norm": (lambda: rms_norm(hidden), 8),
+        "rotary": (lambda: rotary(q), 5),
+        "sdpa gqa": (lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), 1),
+        "silu * up": (lambda: F.silu(gate) * up, 2),
+        "residual add": (lambda: hidden + residual, 1),
+        "kv cat": (lambda: torch.cat([k, k[:, :, :1]], dim=-2), 1),
+    }
+
+
 def launch_time(fn, device: str, n: int) -> float:
     """(N launches + one synchronize) / N, in microseconds."""
     start = time.perf_counter()
@@ -118,26 +169,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000, help="launches per repeat")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops")
+    parser.add_argument(
+        "--set",
+        choices=("tiny", "qwen3"),
+        default="tiny",
+        help="tiny tensors (default) or a Qwen3 decode step",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     native = native_device()
-    ref_cases, fl_cases = make_cases(native), make_cases("flagos")
+    if args.set == "qwen3":
+        ref_cases, fl_cases = make_qwen3_cases(native), make_qwen3_cases("flagos")
+        calls = {name: case[1] for name, case in ref_cases.items()}
+        ref_cases = {name: case[0] for name, case in ref_cases.items()}
+        fl_cases = {name: case[0] for name, case in fl_cases.items()}
+    else:
+        ref_cases, fl_cases = make_cases(native), make_cases("flagos")
+        calls = dict.fromkeys(ref_cases, 1)
     names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(ref_cases)
     log = os.environ.get("FLAGOS_LOG_DISPATCH", "")
     print(
         f"torch {torch.__version__}, native device {native}, N={args.n}, repeats={args.repeats}, "
-        f"threads={args.threads}, FLAGOS_LOG_DISPATCH={log or '(unset)'}"
+        f"threads={args.threads}, set {args.set}, FLAGOS_LOG_DISPATCH={log or '(unset)'}"
     )
-    print(f"{'op':18} {native + ' us':>9} {'flagos us':>10} {'ratio':>7} {'diff us':>8}")
+    print(
+        f"{'op':18} {native + ' us':>9} {'flagos us':>10} {'ratio':>7} {'diff us':>8} {'ops':>4} {'diff/op':>8}"
+    )
     ratios, diffs = [], []
     with torch.no_grad():
         for name in names:
             ref, fl, ratio = compare(ref_cases[name], fl_cases[name], native, args.n, args.repeats)
             ratios.append(ratio)
             diffs.append(fl - ref)
-            print(f"{name:18} {ref:9.2f} {fl:10.2f} {ratio:7.2f} {fl - ref:8.2f}")
+            n_ops = calls[name]
+            print(
+                f"{name:18} {ref:9.2f} {fl:10.2f} {ratio:7.2f} {fl - ref:8.2f} {n_ops:4} {(fl - ref) / n_ops:8.2f}"
+            )
     print(
         f"median ratio {statistics.median(ratios):.2f}, median difference {statistics.median(diffs):.2f} us "
         f"over {len(names)} ops"
