@@ -6,9 +6,15 @@ For about 20 transformer ops on tiny tensors (so that host time dominates), each
 - ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
 - ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems`` (router,
   aliasing to CUDA, the python route's argument conversion, for out overloads the adapter's copy);
+- ``torch``: the same torch call on CUDA tensors with FlagGems' function registered for the op's CUDA
+  kernel (as ``flag_gems.enable()`` registers it, in a ``torch.library`` scope that lives only while this
+  way is timed): FlagGems as its own users run it, torch's Python binding and dispatcher included;
 - ``native``: the torch call on CUDA tensors (torch's CUDA kernels), for scale.
 
-Printed per op: microseconds per launch, ``route / direct`` and ``route - direct``; then the median ratio.
+Printed per op: microseconds per launch, ``route / direct`` and ``route - direct``, and ``route / torch``;
+then the medians. ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
+call costs before it reaches a kernel (the Python binding, the dispatcher, autograd's no-grad check);
+``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
 
     python benchmarks/flaggems_overhead.py [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
@@ -31,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -176,6 +183,21 @@ STAND_IN_CASES = {
 }
 
 
+@contextlib.contextmanager
+def flaggems_as_cuda_kernel(op: str, fn):
+    """FlagGems' `fn` as the CUDA kernel of `op` ("aten::add.Tensor") while the block runs, registered the
+    way flag_gems.enable() registers it, and removed afterwards."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # "Overriding a previously registered kernel": that is the point (flag_gems.enable() warns too).
+            warnings.simplefilter("ignore", UserWarning)
+            lib.impl(op.removeprefix("aten::"), fn, "CUDA")
+        yield
+    finally:
+        lib._destroy()
+
+
 def time_per_launch(ways: dict, n: int, repeats: int) -> dict[str, float]:
     """Per way (name -> (launch one call, synchronize, context to run it in)): the median over `repeats`
     of (n launches + one synchronize) / n, in microseconds. The ways take turns in every repeat, so that
@@ -235,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, {where}, N={args.n}, repeats={args.repeats}"
     )
-    print(f"{'op':13} {'native us':>9} {'direct us':>9} {'route us':>9} {'route/direct':>12} {'diff us':>8}")
-    rows, ratios = [], []
+    print(
+        f"{'op':13} {'native us':>9} {'direct us':>9} {'torch us':>9} {'route us':>9} {'route/direct':>12} "
+        f"{'diff us':>8} {'route/torch':>11}"
+    )
+    rows, ratios, torch_ratios = [], [], []
     routable = set(_flaggems.routable_ops())
     with torch.no_grad():
         for name in names:
@@ -259,6 +284,19 @@ def main(argv: list[str] | None = None) -> int:
                             sync_native,
                             contextlib.nullcontext,
                         ),
+                        # The stand-in's functions are CPU torch code: registered as the CPU kernels they
+                        # call, they would call themselves.
+                        **(
+                            {}
+                            if args.stand_in
+                            else {
+                                "torch": (
+                                    lambda c=call: c(on_native),
+                                    sync_native,
+                                    lambda o=gems_op, f=direct_fn: flaggems_as_cuda_kernel(o, f),
+                                )
+                            }
+                        ),
                         "route": (
                             lambda c=call: c(flagos),
                             torch.flagos.synchronize,
@@ -269,19 +307,32 @@ def main(argv: list[str] | None = None) -> int:
                     args.repeats,
                 )
                 native, direct, route = times["native"], times["direct"], times["route"]
+                through_torch = times.get("torch", float("nan"))
             except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
                 print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
                 continue
             ratios.append(route / direct)
-            rows.append({"op": name, "native_us": native, "direct_us": direct, "route_us": route})
+            if not args.stand_in:
+                torch_ratios.append(route / through_torch)
+            rows.append(
+                {
+                    "op": name,
+                    "native_us": native,
+                    "direct_us": direct,
+                    "torch_us": through_torch,
+                    "route_us": route,
+                }
+            )
             print(
-                f"{name:13} {native:9.1f} {direct:9.1f} {route:9.1f} {route / direct:12.2f} {route - direct:8.1f}"
+                f"{name:13} {native:9.1f} {direct:9.1f} {through_torch:9.1f} {route:9.1f} {route / direct:12.2f} "
+                f"{route - direct:8.1f} {route / through_torch:11.2f}"
             )
     if ratios:
         diffs = [r["route_us"] - r["direct_us"] for r in rows]
         print(
             f"median route/direct {statistics.median(ratios):.2f}, median difference "
             f"{statistics.median(diffs):.1f} us over {len(ratios)} ops"
+            + (f"; median route/torch {statistics.median(torch_ratios):.2f}" if torch_ratios else "")
         )
     if args.json:
         with open(args.json, "w") as f:
