@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -310,6 +311,25 @@ def test_mul_by_a_column_matches_torch(gems, dtype):
     a, b = randn(64, HIDDEN, dtype=dtype), randn(64, 1, dtype=dtype)
     flaggems_mul = _flaggems.implementation("aten::mul.Tensor")
     torch.testing.assert_close(flaggems_mul(a, b), a * b, rtol=0, atol=0)
+
+
+MM_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "flaggems_mm_probe.py")
+
+
+@pytest.mark.parametrize("overload", ["mm", "mm.out"])
+def test_flaggems_mm_faults_on_an_empty_inner_dimension(gems, run_python, overload):
+    # FlagGems 5.0.2 defect, the reason the shipped config leaves aten::mm and aten::mm.out native: its mm
+    # kernels fault (illegal memory access) on (5, 0) @ (0, 10), OpInfo's third mm sample, called directly
+    # on CUDA tensors with no flagos tensor involved. In subprocesses, since a fault poisons the CUDA context;
+    # the control case shows the probe itself works. A FlagGems that fixes the defect fails this test: the
+    # prompt to sweep mm again and route it.
+    control = run_python(None, args=[MM_PROBE, "--overload", overload, "--shape", "5,10,5"], timeout=300)
+    assert control.returncode == 0 and control.json()["result"] == "ok", repr(control)
+    faulty = run_python(None, args=[MM_PROBE, "--overload", overload, "--shape", "5,0,10"], timeout=300)
+    assert faulty.returncode != 0, (
+        f"FlagGems' {overload} no longer faults on an empty inner dimension:\n{faulty!r}"
+    )
+    assert "illegal memory access" in faulty.stderr, repr(faulty)
 
 
 @pytest.mark.parametrize("shapes", [((64, HIDDEN), (64, 1)), ((2, 32, HIDDEN), (HIDDEN,))], ids=str)
