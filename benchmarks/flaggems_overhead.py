@@ -307,13 +307,14 @@ def main(argv: list[str] | None = None) -> int:
                     args.repeats,
                 )
                 native, direct, route = times["native"], times["direct"], times["route"]
-                through_torch = times.get("torch", float("nan"))
+                through_torch = times.get("torch")  # None with the stand-in
             except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
                 print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
                 continue
             ratios.append(route / direct)
-            if not args.stand_in:
-                torch_ratios.append(route / through_torch)
+            torch_ratio = None if through_torch is None else route / through_torch
+            if torch_ratio is not None:
+                torch_ratios.append(torch_ratio)
             rows.append(
                 {
                     "op": name,
@@ -323,9 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                     "route_us": route,
                 }
             )
+            torch_us = "-" if through_torch is None else f"{through_torch:.1f}"
+            torch_ratio_text = "-" if torch_ratio is None else f"{torch_ratio:.2f}"
             print(
-                f"{name:13} {native:9.1f} {direct:9.1f} {through_torch:9.1f} {route:9.1f} {route / direct:12.2f} "
-                f"{route - direct:8.1f} {route / through_torch:11.2f}"
+                f"{name:13} {native:9.1f} {direct:9.1f} {torch_us:>9} {route:9.1f} {route / direct:12.2f} "
+                f"{route - direct:8.1f} {torch_ratio_text:>11}"
             )
     if ratios:
         diffs = [r["route_us"] - r["direct_us"] for r in rows]
