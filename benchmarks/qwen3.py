@@ -2,9 +2,12 @@
 tokens/s and one training step, for each routing config.
 
 The reference is the device flagos runs on underneath (the CPU on the simulated accelerator, CUDA on
-NVIDIA). Each measurement alternates reference and flagos runs, ``--repeats`` times after one warm-up run
-each, and reports medians and the flagos/reference ratios: times (lower is better for flagos) and speeds
-(higher is better).
+NVIDIA). Each measurement runs ``--repeats`` pairs after one warm-up run each: a reference run and a
+flagos run back to back, the order swapped from pair to pair. It reports the medians on each device and
+their flagos/reference ratio (times: lower is better for flagos; speeds: higher is better), and beside it
+the median and range of the pairs' own ratios. Host-bound runs (batch 1 on a GPU) wander by 10% and more
+from minute to minute on a shared machine; a pair's two runs are seconds apart, so the paired figure and
+its range say how far one run's ratio can be trusted.
 
 - prefill: one forward pass over a ``1 x --prompt-length`` prompt (last position's logits, as generate does);
 - decode: greedy ``generate`` of ``--new-tokens`` tokens after a 16-token prompt; tokens/s counts the
@@ -104,6 +107,7 @@ class Workload:
         self.decode_prompt = torch.randint(0, vocab, (1, 16), generator=g).to(device)
         self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g)
         self.clock = _DecodeClock()
+        self.decode_busy: list[float] = []
 
     def prefill(self) -> float:
         def run():
@@ -113,10 +117,15 @@ class Workload:
         return _timed(run, self.device)
 
     def decode(self) -> float:
-        """tokens/s of greedy decoding, the first new token (prefill) excluded."""
+        """tokens/s of greedy decoding, the first new token (prefill) excluded. Also records in
+        ``decode_busy`` the share of the run's wall time this thread spent on the CPU: near 1, decoding is
+        host-bound (the GPU waits for the host, which pays every op's host cost in full)."""
         clock = self.clock.new()
+        _qwen3.synchronize(self.device)
+        wall, cpu = time.perf_counter(), time.thread_time()
         _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock)
         _qwen3.synchronize(self.device)
+        self.decode_busy.append((time.thread_time() - cpu) / (time.perf_counter() - wall))
         return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
     def train(self) -> float:
@@ -130,25 +139,39 @@ class Workload:
         )
 
 
-def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float]]:
-    """name -> (median on the reference, median on flagos); one warm-up each, runs interleaved (except
-    a reference that cannot train in this process: its steps run first, in a process of their own)."""
+def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float, list[float]]]:
+    """name -> (median on the reference, median on flagos, flagos/reference ratio of each repeat's pair).
+
+    One warm-up each, then ``repeats`` pairs of runs, one on each device back to back, the order swapped
+    from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike and each
+    pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
+    process of its own: no pairs then (an empty list)."""
     results = {}
     for name in ("prefill", "decode", "train"):
         samples: dict[str, list[float]] = {"ref": [], "fl": []}
-        workloads = (("ref", ref), ("fl", fl))
+        workloads = [("ref", ref), ("fl", fl)]
+        paired = True
         if name == "train" and not ref.trains_here:
             samples["ref"] = ref.train_elsewhere(repeats)
-            workloads = (("fl", fl),)
-        for warm_up in (True,) + (False,) * repeats:
-            for key, workload in workloads:
+            workloads = [("fl", fl)]
+            paired = False
+        for repeat in range(-1, repeats):  # -1: the warm-up
+            for key, workload in workloads if repeat % 2 else workloads[::-1]:
                 value = getattr(workload, name)()
-                if not warm_up:
+                if repeat >= 0:
                     samples[key].append(value)
-        results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]))
+        pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if paired else []
+        results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs)
         print(f"  .. {name}: done", flush=True)
     _qwen3.let_autograd_threads_finish()
     return results
+
+
+def _paired(pairs: list[float]) -> str:
+    """The median of the pairs' ratios and their range, or why there are none."""
+    if not pairs:
+        return "-  (reference in another process: no pairs)"
+    return f"{statistics.median(pairs):.2f}  ({min(pairs):.2f}-{max(pairs):.2f} over {len(pairs)})"
 
 
 def _explain(name: str) -> str | None:
@@ -362,20 +385,25 @@ def main(argv: list[str] | None = None) -> int:
             _qwen3.reset_routing_counts()
             results = measure(ref, fl, args.repeats)
             counts = _qwen3.routing_counts()
-            (p_ref, p_fl), (d_ref, d_fl), (t_ref, t_fl) = (results[k] for k in ("prefill", "decode", "train"))
+            (p_ref, p_fl, p_pairs), (d_ref, d_fl, d_pairs), (t_ref, t_fl, t_pairs) = (
+                results[k] for k in ("prefill", "decode", "train")
+            )
             rows = [
-                (f"prefill 1x{sizes[0]} (ms)", p_ref * 1e3, p_fl * 1e3, f"time {p_fl / p_ref:.2f}"),
-                ("decode (tokens/s)", d_ref, d_fl, f"speed {d_fl / d_ref:.2f}"),
+                (f"prefill 1x{sizes[0]} (ms)", p_ref * 1e3, p_fl * 1e3, f"time {p_fl / p_ref:.2f}", p_pairs),
+                ("decode (tokens/s)", d_ref, d_fl, f"speed {d_fl / d_ref:.2f}", d_pairs),
                 (
                     f"train step {sizes[2]}x{sizes[3]} (ms)",
                     t_ref * 1e3,
                     t_fl * 1e3,
                     f"time {t_fl / t_ref:.2f}",
+                    t_pairs,
                 ),
             ]
-            print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}")
-            for label, on_ref, on_fl, ratio in rows:
-                print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio}")
+            print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}   paired: median (range)")
+            for label, on_ref, on_fl, ratio, pairs in rows:
+                print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio:<14}{_paired(pairs)}")
+            busy = [statistics.median(w.decode_busy) for w in (ref, fl)]
+            print(f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)")
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
             if args.top_ops:
                 top_ops(fl, args.top_ops)
