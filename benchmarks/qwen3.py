@@ -147,6 +147,8 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
     pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
     process of its own: no pairs then (an empty list)."""
     results = {}
+    for workload in (ref, fl):
+        workload.decode_busy.clear()  # this config's runs only
     for name in ("prefill", "decode", "train"):
         samples: dict[str, list[float]] = {"ref": [], "fl": []}
         workloads = [("ref", ref), ("fl", fl)]
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}   paired: median (range)")
             for label, on_ref, on_fl, ratio, pairs in rows:
                 print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio:<14}{_paired(pairs)}")
-            busy = [statistics.median(w.decode_busy) for w in (ref, fl)]
+            busy = [statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
             print(f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)")
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
             if args.top_ops:
