@@ -401,11 +401,16 @@ def run_worker(args) -> int:
 
 # FlagGems defects confirmed by calling FlagGems itself on CUDA tensors, without the route: their cause,
 # added to the excluded op's line in the config (the sweep itself only sees a failure or a dead worker).
+def _empty_inner_dimension_fault(function: str) -> str:
+    return (
+        f"FlagGems 5.0.2 {function} faults (illegal memory access) on an empty inner dimension, (5, 0) @ "
+        "(0, 10), on CUDA tensors directly too (scripts/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
+    )
+
+
 KNOWN_DEFECTS = {
-    "aten::mm": "FlagGems 5.0.2 mm faults (illegal memory access) on an empty inner dimension, (5, 0) @ (0, 10), "
-    "on CUDA tensors directly too (scripts/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)",
-    "aten::mm.out": "FlagGems 5.0.2 mm_out faults (illegal memory access) on an empty inner dimension, (5, 0) @ "
-    "(0, 10), on CUDA tensors directly too (scripts/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)",
+    "aten::mm": _empty_inner_dimension_fault("mm"),
+    "aten::mm.out": _empty_inner_dimension_fault("mm_out"),
 }
 
 
