@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "runtime/allocator.h"
+#include "runtime/borrowed_memory.h"
 #include "runtime/native_backing.h"
 
 namespace flagos::ops::alias_memory {
@@ -97,9 +98,7 @@ inline c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
   c10::StorageImpl* impl = s.unsafeGetStorageImpl();
   c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, s.device()));
   impl->set_nbytes(0);
-  if (runtime::is_backed()) return runtime::relabel_as_flagos(std::move(data));
-  data.unsafe_set_device(device);
-  return data;
+  return runtime::relabel_as_flagos(std::move(data), device.index());
 }
 
 // Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its

@@ -15,9 +15,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/fallback.h"
 #include "ops/fast_ops.h"
 #include "ops/router.h"
+#include "runtime/native_backing.h"
+#include "runtime/setup.h"
 
 namespace flagos::ops {
 namespace {
@@ -300,4 +303,20 @@ std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
          " that are routed on their own";
 }
 
+}  // namespace flagos::ops
+
+namespace flagos::ops {
+namespace {
+// Backed by a torch device type, the ops that device has kernels for are routed directly and its fused
+// attention kernels registered, once, when the device is first initialised (runtime/setup.h).
+void set_up_backed_kernels() {
+  if (!runtime::is_backed()) return;
+  route_backed_kernels_directly(runtime::backing_dispatch_key());
+  register_backed_attention_kernels();
+}
+
+struct RegisterSetup {
+  RegisterSetup() { runtime::add_setup_step(&set_up_backed_kernels); }
+} register_setup;
+}  // namespace
 }  // namespace flagos::ops

@@ -11,8 +11,6 @@
 #include <mutex>
 
 #include "ops/aliasing.h"
-#include "ops/attention.h"
-#include "ops/op_entry.h"
 #include "python/bindings.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -20,6 +18,7 @@
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/native_backing.h"
+#include "runtime/setup.h"
 #include "runtime/stream.h"
 
 namespace py = pybind11;
@@ -144,17 +143,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", []() { return static_cast<int>(device_count()); });
   m.def("_is_initialized", &is_initialized);
   m.def("_in_bad_fork", &in_bad_fork);
-  m.def("_init", []() {
-    hal();
-    init_backing();
-    static std::once_flag routed_once;
-    if (is_backed()) {
-      std::call_once(routed_once, [] {
-        flagos::ops::route_backed_kernels_directly(backing_dispatch_key());
-        flagos::ops::register_backed_attention_kernels();
-      });
-    }
-  });
+  m.def("_init", &initialize);
   // The torch device type backing flagos ("cuda"), or None when flagos runs its own runtime.
   m.def("_backing_type", []() -> py::object {
     if (!is_backed()) return py::none();

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <vector>
 
+#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/native_backing.h"
@@ -400,7 +401,9 @@ c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
   if (is_backed()) {
     check_not_forked();
     try {
-      return relabel_as_flagos(backing_allocator().allocate(nbytes));
+      c10::DataPtr memory = backing_allocator().allocate(nbytes);
+      const c10::DeviceIndex index = memory.device().index();
+      return relabel_as_flagos(std::move(memory), index);
     } catch (c10::OutOfMemoryError& e) {
       // The backing allocator names its own device ("GPU 0"); say which flagos device that is.
       e.add_context("while allocating " + std::to_string(nbytes) +

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "runtime/setup.h"
+
 namespace flagos::runtime {
 namespace {
 
@@ -85,7 +87,10 @@ const hal::HalTable& hal() {
   TORCH_CHECK(s.table != nullptr, "flagos accelerator unavailable: ", s.error);
   TORCH_CHECK(s.devices > 0, "flagos accelerator '", s.table->name,
               "' has no devices (for the simulated accelerator, FLAGOS_SIM_DEVICES must be at least 1)");
-  if (C10_UNLIKELY(!g_initialized.load(std::memory_order_relaxed))) g_initialized.store(true);
+  if (C10_UNLIKELY(!g_initialized.load(std::memory_order_relaxed))) {
+    g_initialized.store(true);
+    initialize();  // the first use of the device sets it up, whatever that use is
+  }
   return *s.table;
 }
 
@@ -110,9 +115,10 @@ void throw_hal_error(flagos_status_t status, const std::string& what) {
 
 void check_device_index(c10::DeviceIndex index) {
   c10::DeviceIndex count = device_count();
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "invalid flagos device index ", static_cast<int>(index),
-                    ": ", static_cast<int>(count), " flagos device(s) available",
-                    count > 0 ? " (valid: 0.." + std::to_string(count - 1) + ")" : std::string(""));
+  TORCH_CHECK_INDEX(index >= 0 && index<count, "invalid flagos device index ", static_cast<int>(index), ": ",
+                                        static_cast<int>(count), " flagos device(s) available", count> 0
+                        ? " (valid: 0.." + std::to_string(count - 1) + ")"
+                        : std::string(""));
 }
 
 }  // namespace flagos::runtime

@@ -9,6 +9,7 @@
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/native_backing.h"
+#include "runtime/setup.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
@@ -19,10 +20,7 @@ c10::DeviceIndex resolve(c10::DeviceIndex index) {
 }
 
 struct FlagosHooks final : public at::PrivateUse1HooksInterface {
-  void init() const override {
-    hal();
-    init_backing();
-  }
+  void init() const override { initialize(); }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {

@@ -4,12 +4,14 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <mutex>
 #include <optional>
 
+#include "runtime/allocator.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_device.h"
+#include "runtime/setup.h"
 
 namespace flagos::runtime {
 namespace {
@@ -34,16 +36,6 @@ const std::optional<c10::DeviceType>& backing() noexcept {
   }();
   return type;
 }
-
-// The context of a borrow()ed DataPtr is the owner's StorageImpl itself, holding one strong reference
-// taken by borrow(): as sound as a heap-allocated c10::Storage handle (the same reference count), without
-// an allocation per alias, which every tensor argument of every native-route call pays.
-void release_borrowed(void* context) {
-  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
-}
-
-// The deleter of a borrow_for_call() DataPtr, which holds no reference.
-void forget_borrowed(void* /*context*/) {}
 
 }  // namespace
 
@@ -110,40 +102,28 @@ void init_backing() {
   if (!is_backed()) return;
   static std::once_flag once;
   std::call_once(once, [] { at::globalContext().lazyInitDevice(backing_type()); });
+  initialize();
 }
 
-c10::DataPtr relabel_as_flagos(c10::DataPtr backing) {
-  void* data = backing.get();
-  const c10::DeleterFnPtr deleter = backing.get_deleter();
-  const c10::DeviceIndex index = backing.device().index();
-  void* context = backing.release_context();
-  return c10::DataPtr(data, context, deleter, c10::Device(c10::DeviceType::PrivateUse1, index));
+const NativeDevice& native_device() {
+  static const NativeDevice device = [] {
+    const c10::DeviceType type = is_backed() ? backing_type() : c10::DeviceType::CPU;
+    const c10::DispatchKey key = is_backed() ? backing_dispatch_key() : c10::DispatchKey::CPU;
+    return NativeDevice{type,
+                        key,
+                        c10::DispatchKeySet(key),
+                        !is_backed(),
+                        c10::GetAllocator(type),
+                        device_allocator(),
+                        device_allocator()->raw_deleter()};
+  }();
+  return device;
 }
 
-c10::DataPtr borrow(const c10::Storage& owner, c10::Device device) {
-  c10::StorageImpl* impl = owner.unsafeGetStorageImpl();
-  c10::raw::intrusive_ptr::incref(impl);
-  return c10::DataPtr(owner.mutable_data(), impl, &release_borrowed, device);
-}
-
-c10::DataPtr borrow_for_call(const c10::Storage& owner, c10::Device device) {
-  c10::StorageImpl* impl = owner.unsafeGetStorageImpl();
-  return c10::DataPtr(owner.mutable_data(), impl, &forget_borrowed, device);
-}
-
-void keep_borrowed_owner(c10::StorageImpl& storage) {
-  c10::DataPtr& ptr = storage._mutable_data_ptr_no_checks();
-  if (ptr.get_deleter() != &forget_borrowed) return;
-  c10::raw::intrusive_ptr::incref(static_cast<c10::StorageImpl*>(ptr.get_context()));
-  const bool swapped = ptr.compare_exchange_deleter(&forget_borrowed, &release_borrowed);
-  TORCH_INTERNAL_ASSERT(swapped);
-}
-
-const c10::StorageImpl* borrowed_from(const c10::DataPtr& ptr) {
-  const c10::DeleterFnPtr deleter = ptr.get_deleter();
-  return deleter == &release_borrowed || deleter == &forget_borrowed
-             ? static_cast<const c10::StorageImpl*>(ptr.get_context())
-             : nullptr;
+std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) {
+  if (!is_backed()) return owned_memory_device(ptr);
+  if (ptr.get() == nullptr || ptr.get_deleter() != native_device().flagos_deleter) return std::nullopt;
+  return ptr.device().index();
 }
 
 }  // namespace flagos::runtime

@@ -13,7 +13,6 @@
 #include <ATen/detail/AcceleratorHooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
-#include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/macros/Macros.h>
@@ -54,25 +53,5 @@ const at::AcceleratorHooksInterface& backing_hooks();
 
 // Runs torch's lazy initialisation of the backing device (its caching allocator, generators) once.
 void init_backing();
-
-// A DataPtr of the backing allocator relabelled as flagos memory of the same device index; the deleter
-// and context are kept, so the backing allocator still recognises the block (recordStream, free).
-c10::DataPtr relabel_as_flagos(c10::DataPtr backing);
-
-// A DataPtr over `owner`'s memory labelled `device` that keeps `owner` alive: how a tensor of one device
-// type views memory of another (flagos <-> native aliases). Used on both accelerators.
-c10::DataPtr borrow(const c10::Storage& owner, c10::Device device);
-
-// A borrow() that takes no reference, for an alias that lives only inside one call while the caller's
-// tensor keeps `owner` alive (the native route's recycled aliases): two atomic operations fewer per
-// argument. If the alias outlives the call, keep_borrowed_owner() must make it a borrow() first.
-c10::DataPtr borrow_for_call(const c10::Storage& owner, c10::Device device);
-
-// Makes `storage`'s borrow_for_call() DataPtr hold its owner, as borrow() does; any other DataPtr is left
-// as it is. The caller must hold a reference to `storage`.
-void keep_borrowed_owner(c10::StorageImpl& storage);
-
-// The storage a borrow()ed (or borrow_for_call()ed) DataPtr views, or nullptr for any other DataPtr.
-const c10::StorageImpl* borrowed_from(const c10::DataPtr& ptr);
 
 }  // namespace flagos::runtime
