@@ -17,7 +17,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/borrowed_memory.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops::alias_memory {
 
@@ -36,9 +36,8 @@ struct RouteFacts {
 
 inline const RouteFacts& route_facts() {
   static const RouteFacts facts = [] {
-    const c10::DeviceType type = runtime::is_backed() ? runtime::backing_type() : c10::DeviceType::CPU;
-    return RouteFacts{type, c10::GetAllocator(type), runtime::device_allocator(),
-                      runtime::device_allocator()->raw_deleter()};
+    const runtime::NativeDevice& native = runtime::native_device();
+    return RouteFacts{native.type, native.allocator, native.flagos_allocator, native.flagos_deleter};
   }();
   return facts;
 }
@@ -46,8 +45,7 @@ inline const RouteFacts& route_facts() {
 // The dense dispatch key of tensors of device type `type`.
 inline c10::DispatchKey dense_key(c10::DeviceType type) {
   if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
-  return runtime::is_backed() && type == runtime::backing_type() ? runtime::backing_dispatch_key()
-                                                                 : c10::DispatchKey::CPU;
+  return type == runtime::native_device().type ? runtime::native_device().key : c10::DispatchKey::CPU;
 }
 
 // A tensor of device type `type` with t's dtype, geometry and conjugate/negative bits over `storage`.
@@ -88,8 +86,7 @@ inline bool can_take_memory(const c10::Storage& s, size_t holders) {
 // The flagos device of flagos memory held by native storage `s`: the backing device's index, or the
 // device the flagos allocator handed the block out on (host-kernel memory is labelled CPU).
 inline c10::Device flagos_device_of(const c10::Storage& s, c10::Device fallback) {
-  if (runtime::is_backed()) return c10::Device(kFlagos, s.device().index());
-  return c10::Device(kFlagos, runtime::owned_memory_device(s.data_ptr()).value_or(fallback.index()));
+  return c10::Device(kFlagos, runtime::flagos_memory_device(s.data_ptr()).value_or(fallback.index()));
 }
 
 // Takes the memory out of native storage `s` (left empty), relabelled as flagos memory of `device`. The

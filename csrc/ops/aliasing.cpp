@@ -11,10 +11,11 @@
 
 #include "ops/alias_memory.h"
 #include "runtime/allocator.h"
+#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -262,7 +263,7 @@ class AliasScope {
   // pool worker allocated, a CPU argument returned) is not HAL memory, so its values are copied.
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
     const c10::Storage& native = out.storage();
-    if (!runtime::is_backed() && !holds_flagos_memory(native)) {
+    if (runtime::native_device().host_kernels && !holds_flagos_memory(native)) {
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
       result.copy_(out);
@@ -345,23 +346,23 @@ class AliasScope {
 // same device as the flagos one, set through the backing guard without the flagos guard's indirection),
 // else the flagos device (its HAL device for host kernels' allocations).
 std::optional<c10::Device> guard_device_for(const std::optional<c10::Device>& device) {
-  if (!device.has_value() || device->type() != kFlagos || !runtime::is_backed()) return device;
-  return c10::Device(runtime::backing_type(), device->index());
+  if (!device.has_value() || device->type() != kFlagos || runtime::native_device().host_kernels)
+    return device;
+  return c10::Device(runtime::native_device().type, device->index());
 }
 
 void sync_before_native_kernel(const std::optional<c10::Device>& device, c10::DeviceType native_type) {
   if (device.has_value() && native_type == c10::DeviceType::CPU) {
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
     const c10::Stream stream = runtime::current_stream(device->index());
-    runtime::check_hal(runtime::hal().stream_synchronize(runtime::hal_stream(stream)),
-                       "flagos_stream_synchronize");
+    runtime::synchronize_stream(stream);
   }
 }
 
 }  // namespace
 
 c10::DeviceType native_device_type() {
-  return runtime::is_backed() ? runtime::backing_type() : c10::DeviceType::CPU;
+  return runtime::native_device().type;
 }
 
 at::Tensor alias_as_native(const at::Tensor& flagos) {
@@ -459,12 +460,12 @@ std::optional<c10::Device> NativeAliases::guard_device() const {
   // Backed: the native kernels of the unboxed ops set their device themselves (none of them is
   // `device_guard: False`, tests/test_unboxed.py checks), and their fresh outputs land on their tensors'
   // device, so a guard of our own would only repeat theirs (two runtime calls per op).
-  if (runtime::is_backed()) return std::nullopt;
+  if (!runtime::native_device().host_kernels) return std::nullopt;
   return guard_device_for(device());
 }
 
 void NativeAliases::enter() const {
-  if (runtime::is_backed()) return;  // no host kernels
+  if (!runtime::native_device().host_kernels) return;
   sync_before_native_kernel(device(), route_facts().native_type);
 }
 

@@ -25,7 +25,7 @@
 
 #include "ops/aliasing.h"
 #include "ops/router.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops {
 namespace {

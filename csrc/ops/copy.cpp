@@ -6,9 +6,10 @@
 #include <torch/library.h>
 
 #include "ops/aliasing.h"
+#include "runtime/hal/hal_streams.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -17,7 +18,7 @@ namespace {
 using runtime::check_hal;
 using runtime::current_stream;
 using runtime::hal;
-using runtime::hal_stream;
+using runtime::hal_mode::hal_stream;
 
 bool is_flagos(const at::Tensor& t) {
   return t.device().type() == c10::DeviceType::PrivateUse1;
@@ -121,7 +122,7 @@ void write_to_device(const at::Tensor& logical_values, const at::Tensor& dst) {
 
 void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
-  if (runtime::is_backed()) {
+  if (!runtime::native_device().host_kernels) {
     // The backing device type's own copy on aliases: its streams (flagos's), pinned non_blocking copies
     // fenced by its host allocator, conversions and peer copies on the device, no host staging.
     // The outer copy_ on flagos tensors has been through autograd and the version counter already: the
@@ -130,8 +131,7 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
     NativeAliases aliases(/*same_device=*/false);
     at::Tensor native_dst = aliases.alias(dst);
     const at::Tensor native_src = aliases.alias(src_in);
-    at::_ops::copy_::redispatch(c10::DispatchKeySet(runtime::backing_dispatch_key()), native_dst, native_src,
-                                non_blocking);
+    at::_ops::copy_::redispatch(runtime::native_device().keys, native_dst, native_src, non_blocking);
     return;
   }
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);

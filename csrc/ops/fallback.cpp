@@ -13,7 +13,7 @@
 
 #include "ops/aliasing.h"
 #include "ops/python_route.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops {
 namespace {
@@ -90,7 +90,7 @@ void run_route_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 c10::DispatchKey native_dispatch_key() {
-  return runtime::is_backed() ? runtime::backing_dispatch_key() : c10::DispatchKey::CPU;
+  return runtime::native_device().key;
 }
 
 c10::DispatchKeySet native_dispatch_keys() {

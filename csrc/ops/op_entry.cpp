@@ -19,7 +19,7 @@
 #include "ops/fallback.h"
 #include "ops/fast_ops.h"
 #include "ops/router.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 #include "runtime/setup.h"
 
 namespace flagos::ops {
@@ -310,8 +310,8 @@ namespace {
 // Backed by a torch device type, the ops that device has kernels for are routed directly and its fused
 // attention kernels registered, once, when the device is first initialised (runtime/setup.h).
 void set_up_backed_kernels() {
-  if (!runtime::is_backed()) return;
-  route_backed_kernels_directly(runtime::backing_dispatch_key());
+  if (runtime::native_device().host_kernels) return;
+  route_backed_kernels_directly(runtime::native_device().key);
   register_backed_attention_kernels();
 }
 

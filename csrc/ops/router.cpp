@@ -23,7 +23,7 @@
 #include "ops/op_entry.h"
 #include "ops/router_internal.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops {
 namespace {
@@ -141,9 +141,9 @@ Backend parse_backend_or_throw(const std::string& written, const std::string& op
 // waits for first use.
 void ensure_native_locked(State& s) {
   if (s.native_known) return;
-  if (runtime::is_backed()) {
-    s.native_key = runtime::backing_dispatch_key();
-    s.native_device = runtime::backing_type() == c10::DeviceType::CUDA ? "CUDA" : "the backing device";
+  if (!runtime::native_device().host_kernels) {
+    s.native_key = runtime::native_device().key;
+    s.native_device = runtime::native_device().type == c10::DeviceType::CUDA ? "CUDA" : "the backing device";
   }
   s.native_known = true;
 }

@@ -1,6 +1,7 @@
 // torch_fl._C: the Python face of the runtime. Thin by design: each function forwards to the runtime,
 // and torch's generic objects (torch.Stream, torch.Event, torch.Generator) are reused rather than wrapped.
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
 
@@ -17,7 +18,7 @@
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
-#include "runtime/native_backing.h"
+#include "runtime/mode.h"
 #include "runtime/setup.h"
 #include "runtime/stream.h"
 
@@ -143,11 +144,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", []() { return static_cast<int>(device_count()); });
   m.def("_is_initialized", &is_initialized);
   m.def("_in_bad_fork", &in_bad_fork);
+  // Which CPU allocator torch uses now (tests check that importing torch_fl leaves it alone).
+  m.def("_cpu_allocator_id", []() { return reinterpret_cast<uintptr_t>(c10::GetCPUAllocator()); });
   m.def("_init", &initialize);
   // The torch device type backing flagos ("cuda"), or None when flagos runs its own runtime.
   m.def("_backing_type", []() -> py::object {
-    if (!is_backed()) return py::none();
-    return py::cast(c10::DeviceTypeName(backing_type(), /*lower_case=*/true));
+    RuntimeMode* m = mode_or_null();
+    const std::optional<c10::DeviceType> type = m != nullptr ? m->backing_type() : std::nullopt;
+    if (!type.has_value()) return py::none();
+    return py::cast(c10::DeviceTypeName(*type, /*lower_case=*/true));
   });
 
   m.def("_get_device", []() { return static_cast<int>(current_device()); });
@@ -204,14 +209,14 @@ PYBIND11_MODULE(_C, m) {
 
   // Zero-copy views between flagos and the backing device type (torch_fl.as_cuda / from_cuda).
   m.def("_alias_as_native", [](const at::Tensor& t) {
-    TORCH_CHECK(is_backed(),
+    TORCH_CHECK(mode().backing_type().has_value(),
                 "torch_fl.as_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with a "
                 "CUDA build of torch); the accelerator in use is ",
                 hal().name);
     return flagos::ops::alias_as_native(t);
   });
   m.def("_adopt_native", [](const at::Tensor& t) {
-    TORCH_CHECK(is_backed(),
+    TORCH_CHECK(mode().backing_type().has_value(),
                 "torch_fl.from_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with "
                 "a CUDA build of torch); the accelerator in use is ",
                 hal().name);

@@ -1,487 +1,63 @@
 #include "runtime/allocator.h"
 
-#include <ATen/ops/from_blob.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
-#include <c10/util/flat_hash_map.h>
-#include <c10/util/irange.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <sstream>
-#include <vector>
 
-#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
+#include "runtime/mode.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
-namespace {
 
-using c10::CachingDeviceAllocator::DeviceStats;
-using c10::CachingDeviceAllocator::StatArray;
-using c10::CachingDeviceAllocator::StatType;
+namespace detail {
+std::atomic<bool> g_host_kernel_allocations{false};
+}  // namespace detail
 
-constexpr size_t kMinBlockSize = 512;         // every block is a multiple of this
-constexpr size_t kSmallSize = 1 << 20;        // blocks up to 1 MiB belong to the small pool
-constexpr size_t kLargeRounding = 128 << 10;  // large requests round to 128 KiB
-
-struct Block {
-  c10::DeviceIndex device;
-  c10::StreamId stream;  // the stream it was allocated on; it is cached for that stream only
-  size_t size;
-  size_t requested;
-  void* ptr;
-  ska::flat_hash_set<c10::StreamId> stream_uses;  // other streams that used it (record_stream)
-  int pending_events = 0;
-};
-
-struct BlockOrder {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
-  }
-};
-
-struct DeviceState {
-  std::set<Block*, BlockOrder> free_blocks;
-  std::vector<std::pair<flagos_event_t, Block*>> pending;  // frees waiting on other streams
-  std::vector<flagos_event_t> spare_events;
-  DeviceStats stats;
-};
-
-bool is_small(size_t size) {
-  return size <= kSmallSize;
+c10::DataPtr FlagosDeviceAllocator::allocate(size_t nbytes) {
+  return active_mode().allocator().allocate(nbytes);
 }
 
-void update_stat(StatArray& stat, size_t size, int64_t amount) {
-  const auto pool = is_small(size) ? StatType::SMALL_POOL : StatType::LARGE_POOL;
-  for (auto type : {StatType::AGGREGATE, pool}) {
-    auto& s = stat[static_cast<size_t>(type)];
-    if (amount >= 0) {
-      s.increase(static_cast<size_t>(amount));
-    } else {
-      s.decrease(static_cast<size_t>(-amount));
-    }
-  }
+c10::DeleterFnPtr FlagosDeviceAllocator::raw_deleter() const {
+  return active_mode().allocator().raw_deleter();
 }
 
-std::string format_bytes(size_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 5) {
-    value /= 1024;
-    ++unit;
-  }
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
-  return buffer;
+void FlagosDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  active_mode().allocator().copy_data(dest, src, count);
 }
 
-void free_ptr(void* ptr);
-
-// One mutex for the whole allocator: simple and correct. The CUDA accelerator uses torch's own CUDA
-// allocator instead, so this is not on the path that performance targets measure.
-class AllocatorState {
- public:
-  c10::DataPtr allocate(size_t nbytes) {
-    const c10::DeviceIndex device = current_device();
-    if (nbytes == 0) return {nullptr, nullptr, &free_ptr, flagos_device(device)};
-    const c10::StreamId stream = current_stream(device).id();
-    const size_t size = CachingDeviceAllocator::rounded_size(nbytes);
-    std::unique_lock<std::mutex> lock(mutex_);
-    DeviceState& st = state(device);
-    process_pending(st);
-    Block* block = take_cached(st, stream, size);
-    if (block == nullptr) block = allocate_fresh(st, device, stream, size, nbytes, lock);
-    block->requested = nbytes;
-    live_[block->ptr] = block;
-    update_stat(st.stats.allocation, block->size, 1);
-    update_stat(st.stats.allocated_bytes, block->size, static_cast<int64_t>(block->size));
-    update_stat(st.stats.active, block->size, 1);
-    update_stat(st.stats.active_bytes, block->size, static_cast<int64_t>(block->size));
-    update_stat(st.stats.requested_bytes, block->size, static_cast<int64_t>(nbytes));
-    return {block->ptr, block->ptr, &free_ptr, flagos_device(device)};
-  }
-
-  void free(void* ptr) noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) {
-      std::fprintf(stderr, "torch_fl: warning: freeing %p, which the flagos allocator does not own\n", ptr);
-      return;
-    }
-    Block* block = it->second;
-    live_.erase(it);
-    DeviceState& st = state(block->device);
-    update_stat(st.stats.allocation, block->size, -1);
-    update_stat(st.stats.allocated_bytes, block->size, -static_cast<int64_t>(block->size));
-    update_stat(st.stats.requested_bytes, block->size, -static_cast<int64_t>(block->requested));
-    try {
-      for (c10::StreamId use : block->stream_uses) {
-        flagos_event_t event = take_event(st, block->device);
-        const c10::Stream stream(c10::Stream::UNSAFE, flagos_device(block->device), use);
-        check_hal(hal().event_record(event, hal_stream(stream)), "flagos_event_record");
-        st.pending.emplace_back(event, block);
-        ++block->pending_events;
-      }
-    } catch (const std::exception& e) {
-      // Cannot fence the other streams: wait for the whole device instead of risking reuse too early.
-      std::fprintf(stderr, "torch_fl: warning: %s; synchronizing the device before reusing memory\n",
-                   e.what());
-      hal().device_synchronize(block->device);
-      block->pending_events = 0;
-    }
-    block->stream_uses.clear();
-    if (block->pending_events == 0) return_to_cache(st, block);
-  }
-
-  std::optional<c10::DeviceIndex> device_of(const void* ptr) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(const_cast<void*>(ptr));
-    if (it == live_.end()) return std::nullopt;
-    return it->second->device;
-  }
-
-  void record_stream(const c10::DataPtr& data_ptr, const c10::Stream& stream) {
-    if (data_ptr.get_deleter() != &free_ptr || data_ptr.get() == nullptr) return;
-    check_stream(stream);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(data_ptr.get());
-    TORCH_CHECK(it != live_.end(), "record_stream: memory not owned by the flagos allocator");
-    Block* block = it->second;
-    TORCH_CHECK(stream.device_index() == block->device,
-                "record_stream: stream is on flagos:", static_cast<int>(stream.device_index()),
-                " but the memory is on flagos:", static_cast<int>(block->device));
-    if (stream.id() != block->stream) block->stream_uses.insert(stream.id());
-  }
-
-  void empty_cache() {
-    if (!is_initialized()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& st : devices_) {
-      if (st) {
-        process_pending(*st);
-        release_cached(*st);
-      }
-    }
-  }
-
-  DeviceStats stats(c10::DeviceIndex device) {
-    check_device_index(device);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return state(device).stats;
-  }
-
-  template <typename Fn>
-  void for_each_stat(c10::DeviceIndex device, Fn fn) {
-    check_device_index(device);
-    std::lock_guard<std::mutex> lock(mutex_);
-    DeviceStats& s = state(device).stats;
-    for (StatArray* array :
-         {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-          &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) fn(stat);
-    }
-    fn(s.oversize_allocations);
-    fn(s.oversize_segments);
-  }
-
-  void reset_accumulated(c10::DeviceIndex device) {
-    for_each_stat(device, [](c10::CachingAllocator::Stat& s) { s.reset_accumulated(); });
-    std::lock_guard<std::mutex> lock(mutex_);
-    DeviceStats& s = state(device).stats;
-    s.num_alloc_retries = 0;
-    s.num_ooms = 0;
-    s.num_sync_all_streams = 0;
-    s.num_device_alloc = 0;
-    s.num_device_free = 0;
-  }
-
-  void reset_peak(c10::DeviceIndex device) {
-    for_each_stat(device, [](c10::CachingAllocator::Stat& s) { s.reset_peak(); });
-  }
-
- private:
-  DeviceState& state(c10::DeviceIndex device) {
-    if (devices_.empty()) devices_.resize(static_cast<size_t>(device_count()));
-    auto& slot = devices_[static_cast<size_t>(device)];
-    if (!slot) {
-      slot = std::make_unique<DeviceState>();
-      slot->stats.max_split_size = -1;  // blocks are never split (torch.cuda reports -1 for "no limit")
-    }
-    return *slot;
-  }
-
-  Block* take_cached(DeviceState& st, c10::StreamId stream, size_t size) {
-    Block key{0, stream, size, 0, nullptr, {}};
-    auto it = st.free_blocks.lower_bound(&key);
-    if (it == st.free_blocks.end() || (*it)->stream != stream) return nullptr;
-    // No splitting, so bound the waste: small blocks may be up to twice the request, large ones +25%.
-    const size_t limit = is_small(size) ? 2 * size : size + size / 4;
-    if ((*it)->size > limit) return nullptr;
-    Block* block = *it;
-    st.free_blocks.erase(it);
-    return block;
-  }
-
-  Block* allocate_fresh(DeviceState& st, c10::DeviceIndex device, c10::StreamId stream, size_t size,
-                        size_t nbytes, std::unique_lock<std::mutex>& lock) {
-    const hal::HalTable& h = hal();
-    void* ptr = nullptr;
-    flagos_status_t status = h.malloc(device, &ptr, size);
-    if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
-      // Give every cached block back (waiting for frees fenced on other streams), then retry once.
-      for (auto& [event, block] : st.pending) h.event_synchronize(event);
-      process_pending(st);
-      release_cached(st);
-      st.stats.num_alloc_retries += 1;
-      status = h.malloc(device, &ptr, size);
-    }
-    if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
-      st.stats.num_ooms += 1;
-      const size_t allocated =
-          static_cast<size_t>(st.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
-      const size_t reserved =
-          static_cast<size_t>(st.stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
-      size_t free_bytes = 0;
-      size_t total_bytes = 0;
-      h.mem_get_info(device, &free_bytes, &total_bytes);
-      lock.unlock();
-      TORCH_CHECK_WITH(
-          OutOfMemoryError, false, "flagos out of memory on device flagos:", static_cast<int>(device),
-          ". Tried to allocate ", format_bytes(nbytes), ". The device has ", format_bytes(total_bytes),
-          " in total, of which ", format_bytes(free_bytes), " is free; ", format_bytes(allocated),
-          " is allocated by tensors and ", format_bytes(reserved),
-          " is reserved by torch_fl's caching allocator (", h.name, " accelerator).");
-    }
-    if (status != FLAGOS_SUCCESS) {
-      lock.unlock();
-      throw_hal_error(status,
-                      "flagos_malloc(device " + std::to_string(device) + ", " + format_bytes(size) + ")");
-    }
-    auto* block = new Block{device, stream, size, nbytes, ptr, {}};
-    st.stats.num_device_alloc += 1;
-    update_stat(st.stats.segment, size, 1);
-    update_stat(st.stats.reserved_bytes, size, static_cast<int64_t>(size));
-    return block;
-  }
-
-  void return_to_cache(DeviceState& st, Block* block) {
-    update_stat(st.stats.active, block->size, -1);
-    update_stat(st.stats.active_bytes, block->size, -static_cast<int64_t>(block->size));
-    st.free_blocks.insert(block);
-  }
-
-  void process_pending(DeviceState& st) {
-    if (st.pending.empty()) return;
-    const hal::HalTable& h = hal();
-    std::vector<std::pair<flagos_event_t, Block*>> still_pending;
-    for (auto& [event, block] : st.pending) {
-      if (h.event_query(event) == FLAGOS_ERROR_NOT_READY) {
-        still_pending.emplace_back(event, block);
-        continue;
-      }
-      st.spare_events.push_back(event);
-      if (--block->pending_events == 0) return_to_cache(st, block);
-    }
-    st.pending.swap(still_pending);
-  }
-
-  void release_cached(DeviceState& st) {
-    const hal::HalTable& h = hal();
-    for (Block* block : st.free_blocks) {
-      h.free(block->ptr);
-      st.stats.num_device_free += 1;
-      update_stat(st.stats.segment, block->size, -1);
-      update_stat(st.stats.reserved_bytes, block->size, -static_cast<int64_t>(block->size));
-      delete block;
-    }
-    st.free_blocks.clear();
-  }
-
-  flagos_event_t take_event(DeviceState& st, c10::DeviceIndex device) {
-    if (!st.spare_events.empty()) {
-      flagos_event_t event = st.spare_events.back();
-      st.spare_events.pop_back();
-      return event;
-    }
-    const c10::DeviceIndex previous = exchange_device(device);
-    flagos_event_t event = nullptr;
-    flagos_status_t status = hal().event_create(&event, FLAGOS_EVENT_DISABLE_TIMING);
-    set_device(previous);
-    check_hal(status, "flagos_event_create");
-    return event;
-  }
-
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<DeviceState>> devices_;
-  ska::flat_hash_map<void*, Block*> live_;
-};
-
-AllocatorState& allocator_state() {
-  // Leaked on purpose: tensors may be freed from static destructors after this would be destroyed.
-  static auto* state = new AllocatorState();
-  return *state;
+bool FlagosDeviceAllocator::initialized() {
+  return is_initialized() && active_mode().allocator().initialized();
 }
 
-void free_ptr(void* ptr) {
-  if (ptr == nullptr || in_bad_fork()) return;
-  allocator_state().free(ptr);
+void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
+  if (!is_initialized()) return;  // nothing cached before the device was used
+  active_mode().allocator().emptyCache(mempool_id);
 }
 
-// Depth of HostKernelAllocations scopes on this thread.
-thread_local int t_host_kernel_scopes = 0;
-
-// The CPU allocator while torch_fl is loaded: the original one, except on a thread inside a
-// HostKernelAllocations scope, which gets flagos memory labelled as CPU memory. The DataPtrs keep their own
-// deleters (free_ptr for flagos memory), so a CPU tensor frees its memory correctly whichever thread or
-// scope it dies in; and checking a thread-local int is all it adds to other CPU allocations.
-class HostKernelCpuAllocator final : public c10::Allocator {
- public:
-  explicit HostKernelCpuAllocator(c10::Allocator* base) { base_ = base; }
-
-  c10::DataPtr allocate(size_t nbytes) override {
-    if (t_host_kernel_scopes == 0) return base_->allocate(nbytes);
-    c10::DataPtr data = allocator_state().allocate(nbytes);
-    data.unsafe_set_device(c10::Device(c10::DeviceType::CPU));
-    return data;
-  }
-
-  // raw_allocate/raw_deallocate users (ideep's allocator) may free outside the scope memory allocated
-  // inside it, or the reverse: the raw deleter asks the flagos allocator whether the pointer is its own.
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter() ? &raw_free : nullptr; }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
-  }
-
- private:
-  static void raw_free(void* ptr) {
-    if (ptr != nullptr && allocator_state().device_of(ptr).has_value()) {
-      free_ptr(ptr);
-    } else {
-      base_->raw_deleter()(ptr);
-    }
-  }
-
-  static inline c10::Allocator* base_ = nullptr;  // one instance, created at load
-};
-
-}  // namespace
-
-void HostKernelAllocations::enter() {
-  ++t_host_kernel_scopes;
+void FlagosDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (ptr.get() == nullptr) return;
+  check_stream(stream);
+  active_mode().allocator().recordStream(ptr, stream);
 }
 
-void HostKernelAllocations::leave() {
-  --t_host_kernel_scopes;
+c10::CachingDeviceAllocator::DeviceStats FlagosDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  return active_mode().allocator().getDeviceStats(device);
 }
 
-std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr) {
-  if (is_backed() || ptr.get_deleter() != &free_ptr || ptr.get() == nullptr) return std::nullopt;
-  return allocator_state().device_of(ptr.get());
+void FlagosDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  active_mode().allocator().resetAccumulatedStats(device);
 }
 
-size_t CachingDeviceAllocator::rounded_size(size_t nbytes) {
-  const size_t rounding = nbytes <= kSmallSize ? kMinBlockSize : kLargeRounding;
-  return (nbytes + rounding - 1) / rounding * rounding;
+void FlagosDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  active_mode().allocator().resetPeakStats(device);
 }
 
-c10::DataPtr CachingDeviceAllocator::allocate(size_t nbytes) {
-  if (is_backed()) {
-    check_not_forked();
-    try {
-      c10::DataPtr memory = backing_allocator().allocate(nbytes);
-      const c10::DeviceIndex index = memory.device().index();
-      return relabel_as_flagos(std::move(memory), index);
-    } catch (c10::OutOfMemoryError& e) {
-      // The backing allocator names its own device ("GPU 0"); say which flagos device that is.
-      e.add_context("while allocating " + std::to_string(nbytes) +
-                    " bytes on flagos:" + std::to_string(current_device()));
-      throw;
-    }
-  }
-  return allocator_state().allocate(nbytes);
-}
-
-c10::DeleterFnPtr CachingDeviceAllocator::raw_deleter() const {
-  if (is_backed()) return backing_allocator().raw_deleter();
-  return &free_ptr;
-}
-
-void CachingDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
-  if (is_backed()) {
-    backing_allocator().copy_data(dest, src, count);
-    return;
-  }
-  check_hal(hal().memcpy(dest, src, count, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
-            "flagos_memcpy (device to device)");
-}
-
-bool CachingDeviceAllocator::initialized() {
-  if (is_backed()) return is_initialized() && backing_allocator().initialized();
-  return is_initialized();
-}
-
-void CachingDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
-  if (is_backed()) {
-    backing_allocator().emptyCache(mempool_id);
-    return;
-  }
-  allocator_state().empty_cache();
-}
-
-void CachingDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
-  if (is_backed()) {
-    // A flagos view of memory the backing allocator handed to someone else: record the owner's block.
-    const c10::StorageImpl* owner = borrowed_from(ptr);
-    backing_allocator().recordStream(owner != nullptr ? owner->data_ptr() : ptr, to_backing(stream));
-    return;
-  }
-  // A flagos view of memory another storage owns (an adopted host-kernel output several results share,
-  // a flagos alias of a flagos tensor): the block is the owner's.
-  const c10::DataPtr* data = &ptr;
-  while (const c10::StorageImpl* owner = borrowed_from(*data)) data = &owner->data_ptr();
-  allocator_state().record_stream(*data, stream);
-}
-
-c10::CachingDeviceAllocator::DeviceStats CachingDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
-  if (is_backed()) {
-    check_device_index(device);
-    return backing_allocator().getDeviceStats(device);
-  }
-  return allocator_state().stats(device);
-}
-
-void CachingDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  if (is_backed()) {
-    check_device_index(device);
-    backing_allocator().resetAccumulatedStats(device);
-    return;
-  }
-  allocator_state().reset_accumulated(device);
-}
-
-void CachingDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
-  if (is_backed()) {
-    check_device_index(device);
-    backing_allocator().resetPeakStats(device);
-    return;
-  }
-  allocator_state().reset_peak(device);
-}
-
-std::pair<size_t, size_t> CachingDeviceAllocator::getMemoryInfo(c10::DeviceIndex device) {
+std::pair<size_t, size_t> FlagosDeviceAllocator::getMemoryInfo(c10::DeviceIndex device) {
   check_device_index(device);
   size_t free_bytes = 0;
   size_t total_bytes = 0;
@@ -489,8 +65,8 @@ std::pair<size_t, size_t> CachingDeviceAllocator::getMemoryInfo(c10::DeviceIndex
   return {free_bytes, total_bytes};
 }
 
-CachingDeviceAllocator* device_allocator() {
-  static CachingDeviceAllocator allocator;
+FlagosDeviceAllocator* device_allocator() {
+  static FlagosDeviceAllocator allocator;
   return &allocator;
 }
 
@@ -501,7 +77,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
   const c10::DeviceIndex device = storage.device().index();
   c10::DataPtr new_data;
   {
-    c10::DeviceIndex previous = exchange_device(device);  // allocate on the storage's device
+    const c10::DeviceIndex previous = exchange_device(device);  // allocate on the storage's device
     try {
       c10::Allocator* allocator = storage.allocator() != nullptr ? storage.allocator() : device_allocator();
       new_data = allocator->allocate(new_bytes);
@@ -514,18 +90,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
   const size_t copy_bytes = std::min(old_bytes, new_bytes);
   if (copy_bytes > 0) {
     const c10::Stream stream = current_stream(device);
-    if (is_backed()) {
-      // The backing type's own copy kernel, ordered on its current stream (which is flagos's).
-      const c10::DeviceGuard guard(c10::Device(backing_type(), device));
-      const auto bytes = at::TensorOptions().dtype(at::kByte).device(backing_type(), device);
-      at::from_blob(new_data.get(), {static_cast<int64_t>(copy_bytes)}, bytes)
-          .copy_(at::from_blob(storage.mutable_data(), {static_cast<int64_t>(copy_bytes)}, bytes),
-                 /*non_blocking=*/true);
-    } else {
-      check_hal(hal().memcpy_async(new_data.get(), storage.data(), copy_bytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
-                                   hal_stream(stream)),
-                "flagos_memcpy_async (storage resize)");
-    }
+    active_mode().copy_async(new_data.get(), storage.data(), copy_bytes, stream);
     device_allocator()->recordStream(storage.data_ptr(), stream);
   }
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(new_data));
@@ -533,15 +98,9 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
 }
 
 namespace {
-// REGISTER_ALLOCATOR needs an object of static storage duration; this one forwards to the leaked state.
+// REGISTER_ALLOCATOR needs an object of static storage duration; this one forwards to the mode's.
 struct RegisterAllocator {
-  RegisterAllocator() {
-    c10::SetAllocator(c10::DeviceType::PrivateUse1, device_allocator());
-    // Wrapped once, at load (before threads run ops): HostKernelAllocations relies on it. Leaked like the
-    // allocator state. If another library holds the CPU allocator at a higher priority, the wrapper is not
-    // installed and the native route copies fresh host-kernel outputs into flagos memory instead.
-    c10::SetCPUAllocator(new HostKernelCpuAllocator(c10::GetCPUAllocator()));
-  }
+  RegisterAllocator() { c10::SetAllocator(c10::DeviceType::PrivateUse1, device_allocator()); }
 } register_allocator;
 }  // namespace
 

@@ -1,19 +1,17 @@
-// Stream-aware caching device allocator over the HAL (the allocator for the simulated accelerator and for
-// any accelerator whose torch build does not bring its own). Blocks are cached per (device, stream): a
-// freed block is reused only by allocations on the stream it was allocated on, and a block used on other
-// streams (record_stream) returns to the cache only once events recorded on those streams complete.
+// flagos's device allocator as torch sees it (REGISTER'd for PrivateUse1 at load): a c10::DeviceAllocator
+// that forwards to the selected mode's (runtime/mode.h): the HAL mode's stream-aware caching allocator
+// (runtime/hal/hal_device_allocator.cpp) or the backing device type's own allocator (runtime/backed/).
 #pragma once
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
-#include <optional>
-
-#include "runtime/native_backing.h"
+#include <atomic>
+#include <utility>
 
 namespace flagos::runtime {
 
-class CachingDeviceAllocator : public c10::DeviceAllocator {
+class FlagosDeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
@@ -27,24 +25,26 @@ class CachingDeviceAllocator : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   // No `override`: keeps building against torch versions whose DeviceAllocator lacks this virtual.
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device);
-
-  // Bytes of a block handed out for `nbytes` (exposed for tests of the rounding policy).
-  static size_t rounded_size(size_t nbytes);
 };
 
-CachingDeviceAllocator* device_allocator();
+FlagosDeviceAllocator* device_allocator();
 
-// Host kernels that allocate flagos memory (the simulated accelerator's native route, ops/aliasing.cpp).
+namespace detail {
+// Set once the HAL mode has wrapped the CPU allocator (it never is when flagos is backed).
+extern std::atomic<bool> g_host_kernel_allocations;
+}  // namespace detail
+
+// Host kernels that allocate flagos memory (the HAL mode's native route, whose native device is the CPU).
 // While an object of this class lives on a thread, the CPU allocator (c10::GetCPUAllocator(), through
 // which CPU kernels allocate their outputs and temporaries) hands that thread flagos memory of the current
-// flagos device and stream, labelled as CPU memory: on sim device memory is host memory, so a CPU kernel
-// can use it as it is, and the route adopts a fresh output as a flagos tensor without a copy. Other threads,
-// and this thread outside the scope, get the CPU allocator's own memory. Thread-safe: the scope is a
-// thread-local depth; the CPU allocator is wrapped once, when the extension loads. Does nothing when flagos
-// is backed by a torch device type (whose kernels allocate from the flagos pool already).
+// flagos device and stream, labelled as CPU memory: on a HAL accelerator device memory is host memory, so
+// a CPU kernel can use it as it is, and the route adopts a fresh output as a flagos tensor without a copy.
+// Other threads, and this thread outside the scope, get the CPU allocator's own memory. The HAL mode wraps
+// the CPU allocator when the device is initialised (runtime/hal/hal_device_allocator.cpp); until then,
+// and always when flagos is backed, this does nothing.
 class HostKernelAllocations {
  public:
-  HostKernelAllocations() : active_(!is_backed()) {
+  HostKernelAllocations() : active_(detail::g_host_kernel_allocations.load(std::memory_order_relaxed)) {
     if (active_) enter();
   }
   ~HostKernelAllocations() {
@@ -58,10 +58,6 @@ class HostKernelAllocations {
   static void leave();
   bool active_;
 };
-
-// The flagos device of memory this allocator handed out (whatever its DataPtr's device label), or nullopt
-// when `ptr` is not a live allocation of this (non-backed) allocator.
-std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr);
 
 // Gives a flagos storage `new_bytes` of fresh memory, keeping min(old, new) bytes of its content. The copy
 // is ordered on the current stream, and the old memory is fenced on that stream before it is released.

@@ -1,6 +1,5 @@
 #include "runtime/generator.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/DispatchKeySet.h>
 
 #include <deque>
@@ -8,20 +7,15 @@
 #include <vector>
 
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
+#include "runtime/mode.h"
 
 namespace flagos::runtime {
 namespace {
 
-// The native generator that matches the accelerator's kernels: a new generator of the backing device type
-// (CUDA's Philox on NVIDIA: same algorithm as torch.cuda's, independent state), else CPU's mt19937 for the
-// simulated accelerator's CPU kernels.
+// The native generator that matches the accelerator's kernels (the mode's: CUDA's Philox when backed by
+// CUDA, CPU's mt19937 for a HAL's host kernels).
 at::Generator make_native_generator(c10::DeviceIndex device) {
-  if (is_backed()) {
-    init_backing();
-    return backing_hooks().getNewGenerator(device);
-  }
-  return at::detail::createCPUGenerator(c10::default_rng_seed_val);
+  return active_mode().new_native_generator(device);
 }
 
 }  // namespace

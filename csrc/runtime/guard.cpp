@@ -1,20 +1,20 @@
-// c10's DeviceGuardImplInterface for flagos: devices, streams and events over the HAL, or, when flagos is
-// backed by a torch device type (native_backing.h), that type's own guard with streams relabelled. Everything
-// generic in torch (DeviceGuard, torch.Stream, torch.Event, torch.accelerator) goes through here.
+// c10's DeviceGuardImplInterface for flagos, registered at load: everything generic in torch (DeviceGuard,
+// torch.Stream, torch.Event, torch.accelerator) comes here. It checks what torch hands it (device index
+// -1 is the current device, streams of other devices are errors) and forwards to the selected mode's
+// guard (runtime/mode.h).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "runtime/allocator.h"
-#include "runtime/device.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
+#include "runtime/mode.h"
 #include "runtime/stream.h"
 
 namespace flagos::runtime {
 namespace {
 
-flagos_event_t as_event(void* event) {
-  return static_cast<flagos_event_t>(event);
+const c10::impl::DeviceGuardImplInterface& impl() {
+  return active_mode().guard();
 }
 
 struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -32,12 +32,10 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     set_device(d.index());
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (is_backed()) {
-      backing_guard().uncheckedSetDevice(to_backing(d));
-      return;
-    }
-    const hal::HalTable* h = hal_or_null();
-    if (h != nullptr && d.index() >= 0) h->set_device(d.index());
+    // Restoring a device after a guard: nothing to restore before the device was ever used.
+    RuntimeMode* m = mode_or_null();
+    if (m != nullptr && is_initialized() && !in_bad_fork() && d.index() >= 0)
+      m->guard().uncheckedSetDevice(d);
   }
 
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
@@ -50,10 +48,8 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   void* getStreamNativeHandle(const c10::Stream s) const override {
-    if (is_backed()) return backing_guard().getStreamNativeHandle(to_backing(s));
-    void* handle = nullptr;
-    check_hal(hal().stream_get_native_handle(hal_stream(s), &handle), "flagos_stream_get_native_handle");
-    return handle;
+    check_stream(s);
+    return impl().getStreamNativeHandle(s);
   }
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
@@ -63,96 +59,45 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "Event device index ",
                 static_cast<int>(device_index), " does not match recording stream's device index ",
                 static_cast<int>(stream.device_index()), ".");
-    if (is_backed()) {
-      backing_guard().record(event, to_backing(stream), device_index, flag);
-      return;
-    }
-    const hal::HalTable& h = hal();
-    if (*event == nullptr) {
-      // torch's convention: PYTORCH_DEFAULT events do not time; BACKEND_DEFAULT (enable_timing) do.
-      unsigned int flags =
-          flag == c10::EventFlag::BACKEND_DEFAULT ? FLAGOS_EVENT_DEFAULT : FLAGOS_EVENT_DISABLE_TIMING;
-      c10::DeviceIndex previous = exchange_device(stream.device_index());
-      flagos_event_t created = nullptr;
-      flagos_status_t status = h.event_create(&created, flags);
-      set_device(previous);
-      check_hal(status, "flagos_event_create");
-      *event = created;
-    }
-    check_hal(h.event_record(as_event(*event), hal_stream(stream)), "flagos_event_record");
+    check_stream(stream);
+    impl().record(event, stream, device_index, flag);
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
-    if (is_backed()) {
-      backing_guard().block(event, to_backing(stream));
-      return;
-    }
-    check_hal(hal().stream_wait_event(hal_stream(stream), as_event(event)), "flagos_stream_wait_event");
+    check_stream(stream);
+    impl().block(event, stream);
   }
 
-  bool queryEvent(void* event) const override {
-    if (event == nullptr) return true;
-    if (is_backed()) return backing_guard().queryEvent(event);
-    flagos_status_t status = hal().event_query(as_event(event));
-    if (status == FLAGOS_ERROR_NOT_READY) return false;
-    check_hal(status, "flagos_event_query");
-    return true;
-  }
+  bool queryEvent(void* event) const override { return event == nullptr || impl().queryEvent(event); }
 
   void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {
-    if (is_backed()) {
-      backing_guard().destroyEvent(event, device_index);
-      return;
+    // An event exists only once the device was initialised (record created it).
+    RuntimeMode* m = mode_or_null();
+    if (event != nullptr && m != nullptr && is_initialized() && !in_bad_fork()) {
+      m->guard().destroyEvent(event, device_index);
     }
-    const hal::HalTable* h = hal_or_null();
-    if (event != nullptr && h != nullptr && !in_bad_fork()) h->event_destroy(as_event(event));
   }
 
   void synchronizeEvent(void* event) const override {
-    if (event == nullptr) return;
-    if (is_backed()) {
-      backing_guard().synchronizeEvent(event);
-      return;
-    }
-    check_hal(hal().event_synchronize(as_event(event)), "flagos_event_synchronize");
+    if (event != nullptr) impl().synchronizeEvent(event);
   }
 
   double elapsedTime(void* start, void* end, const c10::DeviceIndex device_index) const override {
-    if (is_backed()) return backing_guard().elapsedTime(start, end, device_index);
-    TORCH_CHECK(start != nullptr && end != nullptr,
-                "Both events must be recorded before calculating elapsed time.");
-    float ms = 0;
-    flagos_status_t status = hal().event_elapsed_time(&ms, as_event(start), as_event(end));
-    TORCH_CHECK(status != FLAGOS_ERROR_NOT_READY,
-                "Both events must be completed before calculating elapsed time.");
-    check_hal(status, "flagos_event_elapsed_time (were both events created with enable_timing=True?)");
-    return static_cast<double>(ms);
+    return impl().elapsedTime(start, end, device_index);
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    if (is_backed()) return backing_guard().queryStream(to_backing(stream));
-    flagos_status_t status = hal().stream_query(hal_stream(stream));
-    if (status == FLAGOS_ERROR_NOT_READY) return false;
-    check_hal(status, "flagos_stream_query");
-    return true;
+    check_stream(stream);
+    return impl().queryStream(stream);
   }
 
-  void synchronizeStream(const c10::Stream& stream) const override {
-    if (is_backed()) {
-      backing_guard().synchronizeStream(to_backing(stream));
-      return;
-    }
-    check_hal(hal().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
-  }
+  void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    check_device_index(device_index);
-    if (is_backed()) {
-      backing_guard().synchronizeDevice(device_index);
-      return;
-    }
-    check_hal(hal().device_synchronize(device_index), "flagos_device_synchronize");
+    const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;
+    check_device_index(device);
+    impl().synchronizeDevice(device);
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {

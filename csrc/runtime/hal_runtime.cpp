@@ -6,8 +6,6 @@
 #include <atomic>
 #include <mutex>
 
-#include "runtime/setup.h"
-
 namespace flagos::runtime {
 namespace {
 
@@ -68,7 +66,11 @@ c10::DeviceIndex device_count() noexcept {
 }
 
 bool is_initialized() noexcept {
-  return g_initialized.load(std::memory_order_relaxed);
+  return g_initialized.load(std::memory_order_acquire);
+}
+
+void mark_initialized() noexcept {
+  g_initialized.store(true, std::memory_order_release);
 }
 
 bool in_bad_fork() noexcept {
@@ -87,10 +89,6 @@ const hal::HalTable& hal() {
   TORCH_CHECK(s.table != nullptr, "flagos accelerator unavailable: ", s.error);
   TORCH_CHECK(s.devices > 0, "flagos accelerator '", s.table->name,
               "' has no devices (for the simulated accelerator, FLAGOS_SIM_DEVICES must be at least 1)");
-  if (C10_UNLIKELY(!g_initialized.load(std::memory_order_relaxed))) {
-    g_initialized.store(true);
-    initialize();  // the first use of the device sets it up, whatever that use is
-  }
   return *s.table;
 }
 

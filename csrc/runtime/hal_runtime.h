@@ -24,8 +24,10 @@ std::string accelerator_error();
 // Number of devices; 0 when the accelerator is unusable. Never throws.
 c10::DeviceIndex device_count() noexcept;
 
-// True once hal() has succeeded in this process.
+// True once the device is initialised (runtime/setup.h initialize() has completed) in this process.
 bool is_initialized() noexcept;
+// Called by initialize() once it has completed.
+void mark_initialized() noexcept;
 
 // True in a child forked after the runtime was initialised.
 bool in_bad_fork() noexcept;

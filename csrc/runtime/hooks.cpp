@@ -1,5 +1,6 @@
 // at::PrivateUse1HooksInterface: how torch's generic code (pin_memory, generators, storage resize,
-// torch.accelerator) asks about the flagos device.
+// torch.accelerator) asks about the flagos device. init() is the device's lazy initialisation
+// (runtime/setup.h); the rest forwards to the runtime, which forwards to the selected mode.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Storage.h>
 
@@ -8,9 +9,8 @@
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
-#include "runtime/native_backing.h"
+#include "runtime/mode.h"
 #include "runtime/setup.h"
-#include "runtime/stream.h"
 
 namespace flagos::runtime {
 namespace {
@@ -25,8 +25,8 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   bool isAvailable() const override { return device_count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
     if (device_index < 0 || device_index >= device_count()) return false;
-    if (is_backed()) return backing_hooks().hasPrimaryContext(device_index);
-    return is_initialized();
+    RuntimeMode* m = mode_or_null();
+    return m != nullptr && m->has_primary_context(device_index);
   }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_device(device); }
@@ -39,13 +39,7 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
   at::Allocator* getPinnedMemoryAllocator() const override { return host_allocator(); }
 
-  at::Device getDeviceFromPtr(void* data) const override {
-    if (is_backed()) return flagos_device(backing_hooks().getDeviceFromPtr(data).index());
-    flagos_pointer_attributes_t attrs{};
-    check_hal(hal().pointer_get_attributes(data, &attrs), "flagos_pointer_get_attributes");
-    TORCH_CHECK(attrs.type == FLAGOS_MEMORY_DEVICE, "pointer ", data, " is not flagos device memory");
-    return flagos_device(static_cast<c10::DeviceIndex>(attrs.device));
-  }
+  at::Device getDeviceFromPtr(void* data) const override { return active_mode().device_from_ptr(data); }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
     return default_generator(resolve(device_index));

@@ -1,236 +1,52 @@
 #include "runtime/host_allocator.h"
 
-#include <c10/util/flat_hash_map.h>
-#include <c10/util/llvmMathExtras.h>
-
-#include <cstdio>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <vector>
-
-#include "runtime/device.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_backing.h"
-#include "runtime/stream.h"
+#include "runtime/mode.h"
 
 namespace flagos::runtime {
 namespace {
 
-struct HostBlock {
-  void* ptr;
-  size_t size;
-  ska::flat_hash_set<c10::Stream> streams;  // streams that read or wrote it while allocated
-  int pending_events = 0;
-};
+at::HostAllocator& impl() {
+  return active_mode().host_allocator();
+}
 
-void free_host_ptr(void* ptr);
-
-class PinnedHostAllocator final : public at::HostAllocator {
+class FlagosHostAllocator final : public at::HostAllocator {
  public:
-  // When flagos is backed by a torch device type, pinned memory is that type's (real page-locked memory
-  // from its caching host allocator, whose event fencing its copy kernels already do): forward to it.
-  at::DataPtr allocate(size_t nbytes) override {
-    if (is_backed()) return backing_host_allocator().allocate(nbytes);
-    if (nbytes == 0) return {nullptr, nullptr, &free_host_ptr, c10::Device(c10::DeviceType::CPU)};
-    // Power-of-two sizes make cached blocks reusable across nearby request sizes.
-    const size_t size = std::max<size_t>(512, c10::llvm::PowerOf2Ceil(nbytes));
-    std::lock_guard<std::mutex> lock(mutex_);
-    process_pending();
-    HostBlock* block = nullptr;
-    auto& cached = free_[size];
-    if (!cached.empty()) {
-      block = cached.back();
-      cached.pop_back();
-    } else {
-      void* ptr = nullptr;
-      flagos_status_t status = hal().host_malloc(&ptr, size);
-      if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
-        release_cached();
-        status = hal().host_malloc(&ptr, size);
-      }
-      check_hal(status, "flagos_host_malloc");
-      block = new HostBlock{ptr, size, {}};
-      stats_.allocations.increase(1);
-      stats_.allocated_bytes.increase(size);
-      stats_.num_host_alloc += 1;
-    }
-    live_[block->ptr] = block;
-    stats_.active_requests.increase(1);
-    stats_.active_bytes.increase(size);
-    return {block->ptr, block->ptr, &free_host_ptr, c10::Device(c10::DeviceType::CPU)};
-  }
-
-  c10::DeleterFnPtr raw_deleter() const override {
-    return is_backed() ? backing_host_allocator().raw_deleter() : &free_host_ptr;
-  }
-
+  at::DataPtr allocate(size_t nbytes) override { return impl().allocate(nbytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return impl().raw_deleter(); }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    if (is_backed()) {
-      backing_host_allocator().copy_data(dest, src, count);
-      return;
-    }
-    std::memcpy(dest, src, count);
+    impl().copy_data(dest, src, count);
   }
-
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
-    if (is_backed()) {
-      const bool flagos = stream.device_type() == c10::DeviceType::PrivateUse1;
-      return backing_host_allocator().record_event(ptr, ctx, flagos ? to_backing(stream) : stream);
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(ctx);
-    if (it == live_.end()) it = live_.find(ptr);
-    if (it == live_.end()) return false;
-    if (stream.device_type() == c10::DeviceType::PrivateUse1) it->second->streams.insert(stream);
-    return true;
+    return impl().record_event(ptr, ctx, stream);
   }
-
-  void free(void* ptr) noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) return;
-    HostBlock* block = it->second;
-    live_.erase(it);
-    stats_.active_requests.decrease(1);
-    stats_.active_bytes.decrease(block->size);
-    try {
-      for (const c10::Stream& stream : block->streams) {
-        auto event = take_event(stream.device_index());
-        check_hal(hal().event_record(event.second, hal_stream(stream)), "flagos_event_record");
-        pending_.emplace_back(event, block);
-        ++block->pending_events;
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "torch_fl: warning: %s; synchronizing before reusing pinned memory\n", e.what());
-      for (const c10::Stream& stream : block->streams) hal().stream_synchronize(hal_stream(stream));
-      block->pending_events = 0;
-    }
-    block->streams.clear();
-    if (block->pending_events == 0) free_[block->size].push_back(block);
-  }
-
   void empty_cache() override {
-    if (is_backed()) {
-      backing_host_allocator().empty_cache();
-      return;
-    }
-    if (!is_initialized()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    process_pending();
-    release_cached();
+    if (is_initialized()) impl().empty_cache();
   }
-
-  at::HostStats get_stats() override {
-    if (is_backed()) return backing_host_allocator().get_stats();
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-
-  void reset_accumulated_stats() override {
-    if (is_backed()) {
-      backing_host_allocator().reset_accumulated_stats();
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto* s :
-         {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
-      s->reset_accumulated();
-    }
-    stats_.num_host_alloc = 0;
-    stats_.num_host_free = 0;
-  }
-
-  void reset_peak_stats() override {
-    if (is_backed()) {
-      backing_host_allocator().reset_peak_stats();
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto* s :
-         {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
-      s->reset_peak();
-    }
-  }
-
- private:
-  void process_pending() {
-    if (pending_.empty()) return;
-    std::vector<std::pair<std::pair<c10::DeviceIndex, flagos_event_t>, HostBlock*>> still_pending;
-    for (auto& entry : pending_) {
-      if (hal().event_query(entry.first.second) == FLAGOS_ERROR_NOT_READY) {
-        still_pending.push_back(entry);
-        continue;
-      }
-      spare_events_[entry.first.first].push_back(entry.first.second);
-      HostBlock* block = entry.second;
-      if (--block->pending_events == 0) free_[block->size].push_back(block);
-    }
-    pending_.swap(still_pending);
-  }
-
-  void release_cached() {
-    for (auto& [size, blocks] : free_) {
-      for (HostBlock* block : blocks) {
-        hal().host_free(block->ptr);
-        stats_.allocations.decrease(1);
-        stats_.allocated_bytes.decrease(block->size);
-        stats_.num_host_free += 1;
-        delete block;
-      }
-      blocks.clear();
-    }
-  }
-
-  std::pair<c10::DeviceIndex, flagos_event_t> take_event(c10::DeviceIndex device) {
-    auto& spare = spare_events_[device];
-    if (!spare.empty()) {
-      flagos_event_t event = spare.back();
-      spare.pop_back();
-      return {device, event};
-    }
-    const c10::DeviceIndex previous = exchange_device(device);
-    flagos_event_t event = nullptr;
-    flagos_status_t status = hal().event_create(&event, FLAGOS_EVENT_DISABLE_TIMING);
-    set_device(previous);
-    check_hal(status, "flagos_event_create");
-    return {device, event};
-  }
-
-  std::mutex mutex_;
-  ska::flat_hash_map<void*, HostBlock*> live_;
-  std::map<size_t, std::vector<HostBlock*>> free_;
-  std::vector<std::pair<std::pair<c10::DeviceIndex, flagos_event_t>, HostBlock*>> pending_;
-  std::map<c10::DeviceIndex, std::vector<flagos_event_t>> spare_events_;
-  at::HostStats stats_;
+  at::HostStats get_stats() override { return impl().get_stats(); }
+  void reset_accumulated_stats() override { impl().reset_accumulated_stats(); }
+  void reset_peak_stats() override { impl().reset_peak_stats(); }
 };
 
-PinnedHostAllocator& pinned_allocator() {
-  static auto* allocator = new PinnedHostAllocator();  // leaked: pinned tensors may die at exit
+FlagosHostAllocator& forwarder() {
+  static auto* allocator = new FlagosHostAllocator();  // leaked: pinned tensors may die at exit
   return *allocator;
 }
 
-void free_host_ptr(void* ptr) {
-  if (ptr == nullptr || in_bad_fork()) return;
-  pinned_allocator().free(ptr);
-}
-
 struct RegisterHostAllocator {
-  RegisterHostAllocator() { at::setHostAllocator(c10::DeviceType::PrivateUse1, &pinned_allocator()); }
+  RegisterHostAllocator() { at::setHostAllocator(c10::DeviceType::PrivateUse1, &forwarder()); }
 } register_host_allocator;
 
 }  // namespace
 
 at::HostAllocator* host_allocator() {
-  return &pinned_allocator();
+  return &forwarder();
 }
 
 bool is_pinned_ptr(const void* ptr) {
-  const hal::HalTable* h = hal_or_null();
-  if (h == nullptr || ptr == nullptr || in_bad_fork()) return false;
-  if (is_backed()) return backing_hooks().isPinnedPtr(ptr);
-  flagos_pointer_attributes_t attrs{};
-  return h->pointer_get_attributes(ptr, &attrs) == FLAGOS_SUCCESS && attrs.type == FLAGOS_MEMORY_HOST;
+  if (ptr == nullptr || in_bad_fork() || device_count() == 0) return false;
+  RuntimeMode* m = mode_or_null();
+  return m != nullptr && m->is_pinned_ptr(ptr);
 }
 
 }  // namespace flagos::runtime

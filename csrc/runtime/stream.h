@@ -1,34 +1,25 @@
-// flagos streams over HAL streams: per device a default stream plus a lazily created pool per priority
-// level (as CUDA does), and a thread-local current stream per device.
-//
-// StreamId layout: 0 is the default stream; 1 + level * kStreamsPerPool + index is pool stream `index`
-// of priority `level` (0 = normal, 1 = high).
+// flagos streams, whatever the mode: a device index of -1 means the current device (c10's contract, as
+// CUDA and torch_openreg read it: torch.Stream(device="flagos")).
 #pragma once
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
-#include <flagos/hal.h>
+
+#include "runtime/device.h"
 
 namespace flagos::runtime {
 
-constexpr int kStreamsPerPool = 32;
-constexpr int kPriorityLevels = 2;
-
-// The HAL handle behind a flagos c10::Stream (creates the pool stream on first use).
-flagos_stream_t hal_stream(const c10::Stream& stream);
-
 c10::Stream current_stream(c10::DeviceIndex device);
 c10::Stream default_stream(c10::DeviceIndex device);
-// Round-robin over the pool of the priority's level (priority < 0 is high priority, as in CUDA).
+// A stream from the device's pool (priority < 0 is high priority, as in CUDA).
 c10::Stream stream_from_pool(c10::DeviceIndex device, int priority);
 // Makes `stream` current for its device on this thread; returns the previous current stream.
 c10::Stream exchange_stream(const c10::Stream& stream);
 // Priority of a stream as torch reports it (0 normal, -1 high).
 int stream_priority(const c10::Stream& stream);
-
-// A stream id out of range is a clear error, never a crash.
+// A stream of another device type, device or id out of range is a clear error, never a crash.
 void check_stream(const c10::Stream& stream);
-
-c10::Device flagos_device(c10::DeviceIndex index);
+// Waits for the work queued on `stream`.
+void synchronize_stream(const c10::Stream& stream);
 
 }  // namespace flagos::runtime

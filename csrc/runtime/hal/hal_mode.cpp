@@ -1,0 +1,72 @@
+// The HAL mode: flagos's own runtime over the selected HAL (the simulated accelerator, or a vendor HAL
+// whose torch build has no device type of its own). Its native device is the CPU: the native route runs
+// host kernels over the device memory, which on such an accelerator is host-addressable.
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "runtime/hal/hal_parts.h"
+#include "runtime/hal/hal_streams.h"
+#include "runtime/hal_runtime.h"
+#include "runtime/mode.h"
+
+namespace flagos::runtime::hal_mode {
+namespace {
+
+class HalMode final : public RuntimeMode {
+ public:
+  void init() override { install_host_kernel_allocator(); }
+  std::optional<c10::DeviceType> backing_type() const override { return std::nullopt; }
+
+  const c10::impl::DeviceGuardImplInterface& guard() const override { return hal_mode::guard(); }
+  c10::DeviceAllocator& allocator() override { return device_allocator(); }
+  at::HostAllocator& host_allocator() override { return hal_mode::host_allocator(); }
+
+  bool has_primary_context(c10::DeviceIndex /*device*/) const override { return is_initialized(); }
+
+  c10::Device device_from_ptr(void* data) const override {
+    flagos_pointer_attributes_t attrs{};
+    check_hal(hal().pointer_get_attributes(data, &attrs), "flagos_pointer_get_attributes");
+    TORCH_CHECK(attrs.type == FLAGOS_MEMORY_DEVICE, "pointer ", data, " is not flagos device memory");
+    return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(attrs.device));
+  }
+
+  bool is_pinned_ptr(const void* ptr) const override {
+    flagos_pointer_attributes_t attrs{};
+    return hal().pointer_get_attributes(ptr, &attrs) == FLAGOS_SUCCESS && attrs.type == FLAGOS_MEMORY_HOST;
+  }
+
+  // The CPU's mt19937, the algorithm of the host kernels the native route runs.
+  at::Generator new_native_generator(c10::DeviceIndex /*device*/) const override {
+    return at::detail::createCPUGenerator(c10::default_rng_seed_val);
+  }
+
+  void check_stream(const c10::Stream& stream) const override { hal_mode::check_stream(stream); }
+  int stream_priority(const c10::Stream& stream) const override { return hal_mode::stream_priority(stream); }
+
+  void copy_async(void* dst, const void* src, size_t nbytes, const c10::Stream& stream) const override {
+    check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(stream)),
+              "flagos_memcpy_async (device to device)");
+  }
+
+  std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {
+    return owned_memory_device(ptr);
+  }
+
+  NativeDevice native_device() const override {
+    NativeDevice device{};
+    device.type = c10::DeviceType::CPU;
+    device.key = c10::DispatchKey::CPU;
+    device.host_kernels = true;
+    device.allocator = c10::GetAllocator(c10::DeviceType::CPU);  // the host-kernel wrapper, once installed
+    return device;
+  }
+};
+
+}  // namespace
+
+RuntimeMode* make_mode() {
+  static auto* mode = new HalMode();  // leaked, like the state it fronts
+  return mode;
+}
+
+}  // namespace flagos::runtime::hal_mode

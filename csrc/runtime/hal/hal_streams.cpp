@@ -1,0 +1,120 @@
+#include "runtime/hal/hal_streams.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "runtime/hal_runtime.h"
+
+namespace flagos::runtime::hal_mode {
+namespace {
+
+constexpr c10::StreamId kMaxStreamId = 1 + kPriorityLevels * kStreamsPerPool;
+
+struct DeviceStreams {
+  std::once_flag default_once;
+  flagos_stream_t default_handle = nullptr;
+  std::array<std::once_flag, kPriorityLevels * kStreamsPerPool> pool_once;
+  std::array<flagos_stream_t, kPriorityLevels * kStreamsPerPool> pool{};
+  std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
+};
+
+// Leaked on purpose: streams are referenced from static destructors of other libraries.
+std::vector<DeviceStreams>& all_streams() {
+  static auto* streams = new std::vector<DeviceStreams>(static_cast<size_t>(device_count()));
+  return *streams;
+}
+
+DeviceStreams& streams_of(c10::DeviceIndex device) {
+  check_device_index(device);
+  return all_streams()[static_cast<size_t>(device)];
+}
+
+// Current stream id per device for this thread; 0 (default stream) until set.
+std::vector<c10::StreamId>& thread_current_ids() {
+  thread_local std::vector<c10::StreamId> ids;
+  if (C10_UNLIKELY(ids.size() != static_cast<size_t>(device_count()))) {
+    ids.assign(static_cast<size_t>(device_count()), 0);
+  }
+  return ids;
+}
+
+int hal_priority_for_level(int level) {
+  int least = 0;
+  int greatest = 0;
+  check_hal(hal().stream_get_priority_range(&least, &greatest), "flagos_stream_get_priority_range");
+  return level == 0 ? least : greatest;
+}
+
+c10::Device flagos_device(c10::DeviceIndex index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, index);
+}
+
+}  // namespace
+
+void check_stream(const c10::Stream& stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "expected a flagos stream, got a stream of ", stream.device_type());
+  check_device_index(stream.device_index());
+  TORCH_CHECK(stream.id() >= 0 && stream.id() < kMaxStreamId, "invalid flagos stream id ", stream.id(),
+              " (not a stream created by torch_fl)");
+}
+
+flagos_stream_t hal_stream(const c10::Stream& stream) {
+  check_stream(stream);
+  DeviceStreams& ds = streams_of(stream.device_index());
+  const hal::HalTable& h = hal();
+  if (stream.id() == 0) {
+    std::call_once(ds.default_once, [&] {
+      check_hal(h.stream_get_default(stream.device_index(), &ds.default_handle), "flagos_stream_get_default");
+    });
+    return ds.default_handle;
+  }
+  const size_t slot = static_cast<size_t>(stream.id() - 1);
+  std::call_once(ds.pool_once[slot], [&] {
+    const int level = static_cast<int>(slot / kStreamsPerPool);
+    check_hal(h.stream_create(stream.device_index(), hal_priority_for_level(level), &ds.pool[slot]),
+              "flagos_stream_create");
+  });
+  return ds.pool[slot];
+}
+
+c10::Stream current_stream(c10::DeviceIndex device) {
+  check_device_index(device);
+  return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), thread_current_ids()[device]);
+}
+
+c10::Stream default_stream(c10::DeviceIndex device) {
+  check_device_index(device);
+  return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), 0);
+}
+
+c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
+  DeviceStreams& ds = streams_of(device);
+  const int level = priority < 0 ? 1 : 0;
+  const uint32_t index = ds.next[level].fetch_add(1, std::memory_order_relaxed) % kStreamsPerPool;
+  return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), 1 + level * kStreamsPerPool + index);
+}
+
+c10::Stream exchange_stream(const c10::Stream& stream) {
+  check_stream(stream);
+  auto& ids = thread_current_ids();
+  c10::StreamId previous = ids[stream.device_index()];
+  ids[stream.device_index()] = stream.id();
+  return c10::Stream(c10::Stream::UNSAFE, stream.device(), previous);
+}
+
+int stream_priority(const c10::Stream& stream) {
+  check_stream(stream);
+  if (stream.id() == 0) return 0;
+  return (stream.id() - 1) / kStreamsPerPool == 0 ? 0 : -1;
+}
+
+void synchronize(const c10::Stream& stream) {
+  check_hal(hal().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
+}
+
+}  // namespace flagos::runtime::hal_mode
