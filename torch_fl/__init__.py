@@ -1,8 +1,16 @@
 """torch_fl: the `flagos` PyTorch device.
 
 ``import torch_fl`` registers the device (PyTorch's PrivateUse1 key, renamed ``flagos``) and the
-``torch.flagos`` module; nothing else in torch changes. The accelerator behind it is chosen at first
-use by ``FLAGOS_ACCELERATOR`` (auto, sim or cuda).
+``torch.flagos`` module. The accelerator behind it is chosen at first use by ``FLAGOS_ACCELERATOR``
+(auto, sim or cuda). What that changes in torch beyond the new device:
+
+- ``torch.accelerator`` now answers ``flagos``, also on a CUDA machine, so argument-less
+  ``pin_memory()`` and ``init_process_group()`` go to flagos (as they would for any PrivateUse1 plugin).
+- On the simulated accelerator, the first use of the flagos device wraps torch's CPU allocator, so that
+  host kernels running flagos operators allocate flagos memory. Other CPU allocations go to the original
+  allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
+- A CUDA backward pass fails in a process that imported torch_fl when flagos is backed by CUDA
+  (pytorch/pytorch#161129, docs/design.md); flagos training is unaffected.
 """
 
 from __future__ import annotations

@@ -11,19 +11,24 @@ from torch_fl import _C
 
 _DEVICE_TYPE = "flagos"
 _init_lock = threading.Lock()
+_initialized = False  # this module's part done (the C++ device may have been initialised before it)
 
 
 def _lazy_init() -> None:
     """Initialise the accelerator; raises with the reason when it cannot be used (no device, bad
     FLAGOS_ACCELERATOR, or a child forked after initialisation)."""
-    if _C._is_initialized() and not _C._in_bad_fork():
+    global _initialized
+    if _initialized and not _C._in_bad_fork():
         return
     with _init_lock:
-        _C._init()
+        if _initialized and not _C._in_bad_fork():
+            return
+        _C._init()  # the device's own initialisation, a no-op if a C++ first use did it already
         if _C._backing_type() == "cuda":
             # flagos is torch's CUDA seen through another device name: let torch.cuda finish its own
             # (Python-side) initialisation too, as any first CUDA use would.
             torch.cuda._lazy_init()
+        _initialized = True
 
 
 def current_device() -> int:
