@@ -15,6 +15,16 @@ import torch
 DEVICE = "flagos"
 
 
+def is_on_device(obj) -> bool:
+    """The generated ``is_<device>`` property."""
+    return getattr(obj, f"is_{DEVICE}")
+
+
+def to_device(obj, *args):
+    """The generated ``<device>()`` method (like ``.cuda()``)."""
+    return getattr(obj, DEVICE)(*args)
+
+
 def bytes_of(storage: torch.UntypedStorage) -> list[int]:
     return list(storage.cpu())
 
@@ -22,7 +32,7 @@ def bytes_of(storage: torch.UntypedStorage) -> list[int]:
 def test_untyped_storage_on_the_device(two_devices):
     storage = torch.UntypedStorage(16, device=DEVICE)
     assert storage.device == torch.device(DEVICE, 0) and storage.nbytes() == 16
-    assert storage.is_flagos and not torch.UntypedStorage(4).is_flagos
+    assert is_on_device(storage) and not is_on_device(torch.UntypedStorage(4))
     assert torch.UntypedStorage(4, device=f"{DEVICE}:1").device.index == 1
     assert storage.data_ptr() != 0
 
@@ -59,12 +69,12 @@ def test_storage_resize_keeps_prefix():
 
 def test_storage_moves_between_host_and_devices(two_devices):
     host = torch.arange(8, dtype=torch.uint8).untyped_storage()
-    for moved in (host.flagos(), host.flagos(1), host.to(device=f"{DEVICE}:1")):
-        assert moved.is_flagos and bytes_of(moved) == list(range(8))
-    assert host.flagos(1).device.index == 1
+    for moved in (to_device(host), to_device(host, 1), host.to(device=f"{DEVICE}:1")):
+        assert is_on_device(moved) and bytes_of(moved) == list(range(8))
+    assert to_device(host, 1).device.index == 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TypedStorage is deprecated
-        typed = torch.arange(4.0).storage().flagos()
+        typed = to_device(torch.arange(4.0).storage())
         assert typed.device.type == DEVICE and typed.size() == 4
 
 
@@ -103,7 +113,7 @@ def test_location_tags(two_devices):
         host = torch.empty(4, 4).storage()
         for tag in (f"{DEVICE}:0", f"{DEVICE}:1"):
             restored = torch.serialization.default_restore_location(host, tag)
-            assert restored.is_flagos and restored.device == torch.device(tag)
+            assert is_on_device(restored) and restored.device == torch.device(tag)
 
 
 def test_save_load_keeps_device_values_and_sharing(two_devices):
