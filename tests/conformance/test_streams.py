@@ -41,6 +41,16 @@ def test_stream_without_index_follows_set_device(two_devices):
     assert torch.Stream(device=DEVICE).device_index == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=IndexError,
+    reason="the guard's getStream(Device) does not resolve index -1 to the current device "
+    "(c10::cuda::getCurrentCUDAStream(-1) does)",
+)
+def test_current_stream_of_index_minus_one_is_current_device():
+    assert torch.accelerator.current_stream(-1) == torch.accelerator.current_stream()
+
+
 def test_stream_creation_forms(two_devices):
     assert torch.Stream().device == torch.device(DEVICE, current_index())
     explicit = torch.Stream(device=f"{DEVICE}:1")
