@@ -1,0 +1,1 @@
+"""Device conformance suite (a package so its file names may repeat those of tests/)."""
