@@ -54,6 +54,15 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
+#if __has_include(<c10/core/DeviceCapability.h>)
+  // torch.accelerator.get_device_capability: every dtype, as the native device's kernels (the CPU's on a
+  // HAL, CUDA's when backed) serve them all; CUDA's own guard has no answer to forward to.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device_index(d.index() < 0 ? current_device() : d.index());
+    return c10::DeviceCapability();
+  }
+#endif
+
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "Event device index ",
@@ -69,7 +78,9 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     impl().block(event, stream);
   }
 
-  bool queryEvent(void* event) const override { return event == nullptr || impl().queryEvent(event); }
+  bool queryEvent(void* event) const override {
+    return event == nullptr || impl().queryEvent(event);
+  }
 
   void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {
     // An event exists only once the device was initialised (record created it).
@@ -92,7 +103,9 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return impl().queryStream(stream);
   }
 
-  void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    synchronize_stream(stream);
+  }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;

@@ -31,15 +31,3 @@ def backing() -> str | None:
 def two_devices():
     if torch.accelerator.device_count() < 2:
         pytest.skip(f"needs two {DEVICE} devices, {torch.accelerator.device_count()} available")
-
-
-@pytest.fixture
-def xfail_on_sim(request, backing):
-    """``xfail_on_sim(reason, raises=None)``: a strict xfail for a defect of the simulated accelerator only (where flagos
-    is backed by CUDA the same test must pass)."""
-
-    def mark(reason: str, raises: type[BaseException] | None = None) -> None:
-        if backing is None:
-            request.applymarker(pytest.mark.xfail(strict=True, raises=raises, reason=reason))
-
-    return mark

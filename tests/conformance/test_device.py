@@ -99,11 +99,6 @@ def test_torch_device_as_context_sets_default_device(two_devices):
     assert torch.empty(2).device.type == "cpu"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="the flagos DeviceGuardImpl does not override getDeviceCapability (openreg and XPU do)",
-)
 def test_device_capability_lists_supported_dtypes():
     capability = torch.accelerator.get_device_capability(f"{DEVICE}:0")
     dtypes = capability["supported_dtypes"]

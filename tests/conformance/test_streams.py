@@ -12,41 +12,26 @@ import torch
 
 DEVICE = "flagos"
 
-NO_INDEX_REASON = (
-    "torch.Stream with a device but no index passes index -1 to the guard's getNewStream/"
-    "getStreamFromGlobalPool, which flagos does not resolve to the current device"
-)
-
-
 def current_index() -> int:
     return torch.accelerator.current_device_index()
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=NO_INDEX_REASON)
 def test_stream_device_without_index_is_current_device():
     stream = torch.Stream(device=DEVICE)
     assert stream.device == torch.device(DEVICE, current_index())
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=NO_INDEX_REASON)
 def test_high_priority_stream_device_without_index():
     stream = torch.Stream(device=DEVICE, priority=-1)
     assert stream.device_index == current_index()
     assert stream != torch.accelerator.current_stream()
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=NO_INDEX_REASON)
 def test_stream_without_index_follows_set_device(two_devices):
     torch.accelerator.set_device_index(1)
     assert torch.Stream(device=DEVICE).device_index == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="the guard's getStream(Device) does not resolve index -1 to the current device "
-    "(c10::cuda::getCurrentCUDAStream(-1) does)",
-)
 def test_current_stream_of_index_minus_one_is_current_device():
     assert torch.accelerator.current_stream(-1) == torch.accelerator.current_stream()
 
@@ -161,12 +146,7 @@ def test_idle_stream_queries_true_and_synchronizes():
     assert x.sum().item() == 2 * (1 << 16)
 
 
-def test_stream_query_true_once_its_last_event_completed(xfail_on_sim):
-    xfail_on_sim(
-        "sim HAL: the event marker task completes the event before Stream::run_worker counts the task "
-        "done, so stream.query() briefly reads False after event.synchronize()",
-        raises=AssertionError,
-    )
+def test_stream_query_true_once_its_last_event_completed():
     stream = torch.Stream(device=f"{DEVICE}:0")
     x = torch.ones(1024, device=DEVICE)
     busy = 0

@@ -122,6 +122,28 @@ TEST_P(HalStreamsEvents, RecordedEventCompletesInStreamOrder) {
   EXPECT_HAL_OK(hal()->event_query(event.get()));
 }
 
+// An event and its stream agree: once the stream's last event is complete the stream is idle, and once the
+// stream is synchronised its events are complete (the sim HAL once let a query see one before the other).
+TEST_P(HalStreamsEvents, StreamAndItsLastEventCompleteTogether) {
+  OwnedStream stream(hal(), 0);
+  OwnedEvent event(hal(), FLAGOS_EVENT_DISABLE_TIMING);
+  ASSERT_HAL_OK(stream.status());
+  ASSERT_HAL_OK(event.status());
+  std::atomic<int> done{0};
+  for (int round = 0; round < 300; ++round) {
+    SCOPED_TRACE(round);
+    ASSERT_HAL_OK(hal()->launch_host_func(stream.get(), set_flag, &done));
+    ASSERT_HAL_OK(hal()->event_record(event.get(), stream.get()));
+    if (round % 2 == 0) {
+      ASSERT_HAL_OK(hal()->event_synchronize(event.get()));
+      ASSERT_HAL_OK(hal()->stream_query(stream.get()));
+    } else {
+      ASSERT_HAL_OK(hal()->stream_synchronize(stream.get()));
+      ASSERT_HAL_OK(hal()->event_query(event.get()));
+    }
+  }
+}
+
 TEST_P(HalStreamsEvents, QueryFollowsTheLatestRecord) {
   OwnedStream slow(hal(), 0);
   OwnedStream idle(hal(), 0);

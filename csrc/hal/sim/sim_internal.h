@@ -55,6 +55,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   // Fails only when the stream is being destroyed or no worker thread can be started.
   flagos_status_t enqueue(std::function<void()> task);
+  // A task that marks a point in the stream (an event record): it runs in stream order under the stream's
+  // lock, and counts as done in the same critical section, so whoever sees its effect and then asks the
+  // stream (idle(), synchronize()) sees the stream past it, as on CUDA.
+  flagos_status_t enqueue_marker(std::function<void()> task);
   // Runs `task` now on the calling thread when the stream has nothing queued or running (as if its worker
   // had picked it up at once), keeping stream order: work queued meanwhile waits for it. Returns false,
   // having run nothing, when the stream is busy, being destroyed, or FLAGOS_SIM_STREAM_DELAY_US is set
@@ -77,7 +81,13 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
-  std::deque<std::function<void()>> queue_;
+  struct Queued {
+    std::function<void()> task;
+    bool marker;
+  };
+  flagos_status_t push(std::function<void()> task, bool marker);
+
+  std::deque<Queued> queue_;
   // Written under mutex_; atomic so that synchronize() and idle() can see an idle stream without it.
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};

@@ -59,6 +59,14 @@ Stream::Stream(int device, int priority, bool is_default)
     : device_(device), priority_(priority), is_default_(is_default) {}
 
 flagos_status_t Stream::enqueue(std::function<void()> task) {
+  return push(std::move(task), /*marker=*/false);
+}
+
+flagos_status_t Stream::enqueue_marker(std::function<void()> task) {
+  return push(std::move(task), /*marker=*/true);
+}
+
+flagos_status_t Stream::push(std::function<void()> task, bool marker) {
   std::lock_guard<std::mutex> lock(mutex_);
   // A caller that resolved the handle just before another thread destroyed the stream: its worker may
   // already be gone, so the task would never run.
@@ -73,7 +81,7 @@ flagos_status_t Stream::enqueue(std::function<void()> task) {
     }
     worker_started_ = true;
   }
-  queue_.push_back(std::move(task));
+  queue_.push_back(Queued{std::move(task), marker});
   enqueued_.fetch_add(1, std::memory_order_relaxed);
   if (!running_inline_) work_ready_.notify_one();
   return FLAGOS_SUCCESS;
@@ -90,7 +98,10 @@ void Stream::synchronize() {
 
 bool Stream::idle() {
   const uint64_t ticket = enqueued_.load(std::memory_order_acquire);
-  return completed_.load(std::memory_order_acquire) >= ticket;
+  if (completed_.load(std::memory_order_acquire) >= ticket) return true;
+  // A marker may be between its effect and its count: the worker holds the lock for both.
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_.load(std::memory_order_relaxed) >= ticket;
 }
 
 void Stream::close() {
@@ -107,17 +118,18 @@ void Stream::run_worker() {
     // Not while a run_if_idle task runs: it was queued first.
     work_ready_.wait(lock, [&] { return !running_inline_ && (!queue_.empty() || closing_); });
     if (queue_.empty()) return;
-    std::function<void()> task = std::move(queue_.front());
+    Queued queued = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (queued.marker) lock.lock();  // its effect and its count in one critical section
     try {
-      task();
+      queued.task();
     } catch (...) {
       // Tasks are memcpy/memset/C callbacks and do not throw; a stray exception must not kill the worker.
     }
-    task = nullptr;  // drop captured memory references before the task counts as complete
-    lock.lock();
+    queued.task = nullptr;  // drop captured memory references before the task counts as complete
+    if (!queued.marker) lock.lock();
     completed_.fetch_add(1, std::memory_order_release);
     work_done_.notify_all();
   }
