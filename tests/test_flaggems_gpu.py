@@ -7,7 +7,7 @@ sweep (tests/opinfo/flaggems_sweep.py). The stream test checks that FlagGems lau
 stream. Skipped without a GPU (``gpu`` marker); where flag_gems is installed but unusable,
 ``test_flaggems_is_available`` fails with the reason and the others skip.
 
-    python -m pytest tests/test_flaggems_gpu.py -q        # scripts/gpu_flaggems.sh runs it
+    python -m pytest tests/test_flaggems_gpu.py -q        # scripts/gpu/flaggems.sh runs it
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def gems():
 
 def test_flaggems_is_available():
     if importlib.util.find_spec("flag_gems") is None:
-        pytest.skip("flag_gems is not installed (scripts/gpu_wheels.sh, docs/flaggems.md)")
+        pytest.skip("flag_gems is not installed (scripts/gpu/wheels.sh, docs/flaggems.md)")
     assert torch_fl.accelerator() == "cuda", "on a GPU flagos must run on the cuda accelerator"
     status = _flaggems.load()
     assert status.available, f"FlagGems is installed but unavailable: {status.reason}"
@@ -313,7 +313,7 @@ def test_mul_by_a_column_matches_torch(gems, dtype):
     torch.testing.assert_close(flaggems_mul(a, b), a * b, rtol=0, atol=0)
 
 
-MM_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "flaggems_mm_probe.py")
+MM_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flaggems_mm_probe.py")
 
 
 @pytest.mark.parametrize("overload", ["mm", "mm.out"])

@@ -404,7 +404,7 @@ def run_worker(args) -> int:
 def _empty_inner_dimension_fault(function: str) -> str:
     return (
         f"FlagGems 5.0.2 {function} faults (illegal memory access) on an empty inner dimension, (5, 0) @ "
-        "(0, 10), on CUDA tensors directly too (scripts/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
+        "(0, 10), on CUDA tensors directly too (tests/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
     )
 
 
@@ -420,7 +420,7 @@ def write_config(path: str, results: dict[str, OpResult], header: dict) -> None:
         by_status[result.status].append(result)
     lines = [
         "# FlagGems routes for NVIDIA GPUs: the ops that passed tests/opinfo/flaggems_sweep.py. Generated; do",
-        "# not edit by hand (rerun the sweep on the GPU machine, scripts/gpu_flaggems.sh, and copy its output).",
+        "# not edit by hand (rerun the sweep on the GPU machine, scripts/gpu/flaggems.sh, and copy its output).",
         f"# Sweep: {header['environment']}, {header['date']}",
         f"# dtypes {', '.join(header['dtypes'])}; up to {header['max_samples']} samples of up to "
         f"{header['max_opinfos']} OpInfos per op and dtype, compared",

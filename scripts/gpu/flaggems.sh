@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The FlagGems checks on the lent GPU machine, in one call, after the plugin is built there
-# (pip install --no-build-isolation --no-deps -e .). Carry .whl (scripts/gpu_wheels.sh fills it here).
+# (pip install --no-build-isolation --no-deps -e .). Carry .whl (scripts/gpu/wheels.sh fills it here).
 #
-#   scripts/gpu_flaggems.sh            # 5-6 minutes; outputs in $OUT/flaggems (or ./flaggems-logs/flaggems)
+#   scripts/gpu/flaggems.sh            # 5-6 minutes; outputs in $OUT/flaggems (or ./flaggems-logs/flaggems)
 #
 # 1. installs .whl/*.whl (flag-gems, sqlalchemy, greenlet, PyYAML, expecttest) into /tmp/site;
 # 2. the environment report (FlagGems available or why not);
@@ -22,10 +22,10 @@
 # gives the model sweep FILE (an earlier OpInfo sweep's config; keep it in torch_fl/configs/ so that its
 # `include cuda.conf` resolves). GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the
 # GPU). GEMS_MODEL_SWEEP=0 leaves the model-shape sweep out (to run it later on the config the OpInfo sweep
-# wrote, e.g. with scripts/gpu_all.sh verify once it is shipped). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
+# wrote, e.g. with scripts/gpu/all.sh verify once it is shipped). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
 # a GPU, where every step skips or says why).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 DIR=${OUT:-flaggems-logs}/flaggems
 mkdir -p "$DIR"
 LOG=$DIR/flaggems.log
@@ -42,7 +42,7 @@ start=$SECONDS
 say() { echo "== [$((SECONDS - start)) s] $*" | tee -a "$LOG"; }
 
 if [ "${GEMS_SKIP_INSTALL:-0}" != 1 ]; then
-  ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl: run scripts/gpu_wheels.sh and carry .whl" | tee -a "$LOG"; exit 1; }
+  ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl: run scripts/gpu/wheels.sh and carry .whl" | tee -a "$LOG"; exit 1; }
   say "installing $(ls .whl | tr '\n' ' ')into /tmp/site"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >> "$LOG" 2>&1 || { echo "pip install of .whl failed" | tee -a "$LOG"; exit 1; }
