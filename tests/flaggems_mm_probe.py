@@ -1,5 +1,5 @@
 """Does FlagGems' mm (or mm.out) compute one product right, called directly on CUDA tensors, without torch_fl's
-route? For telling FlagGems' own defects from the route's: the sweep (tests/opinfo/flaggems_sweep.py) saw
+route? For telling FlagGems' own defects from the route's: the sweep (tools/flaggems_sweep.py) saw
 `aten::mm.out` kill its worker with an illegal memory access; this runs the same kind of call with no
 flagos tensor anywhere. One case per process, since a fault poisons the CUDA context:
 

@@ -3,7 +3,7 @@
 Each test routes the ATen overloads its computation reaches on flagos (see docs/routing.md, "Which
 overload reaches the router") to ``flaggems``, checks that FlagGems' function for each of them actually
 ran, and compares the result with the same computation on CUDA tensors at the dtype-fit tolerances of the
-sweep (tests/opinfo/flaggems_sweep.py). The stream test checks that FlagGems launches on flagos's current
+sweep (tools/flaggems_sweep.py). The stream test checks that FlagGems launches on flagos's current
 stream. Skipped without a GPU (``gpu`` marker); where flag_gems is installed but unusable,
 ``test_flaggems_is_available`` fails with the reason and the others skip.
 
@@ -34,7 +34,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1024, 16, 8, 128, 3072
 
 
 def sweep():
-    from opinfo import flaggems_sweep  # tests/ is on sys.path (rootdir conftest)
+    from tools import flaggems_sweep  # the repository root is on sys.path (pytest's pythonpath, pyproject.toml)
 
     return flaggems_sweep
 
@@ -295,7 +295,7 @@ def test_sdpa_default_path_under_flaggems_routes(gems):
 
 
 # ---- FlagGems' own defects -----------------------------------------------------------------------------
-# Found by the model-shape sweep (tests/opinfo/flaggems_model_sweep.py) on the H200 with FlagGems 5.0.2 and
+# Found by the model-shape sweep (tools/flaggems_model_sweep.py) on the H200 with FlagGems 5.0.2 and
 # Triton 3.6. They are FlagGems' own (calling it directly on CUDA tensors gives the same wrong result), so
 # the shipped config leaves those ops native. Strict xfails: a FlagGems that fixes one fails its test, the
 # prompt to run the sweeps again and route the op.

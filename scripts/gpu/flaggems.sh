@@ -7,8 +7,8 @@
 # 1. installs .whl/*.whl (flag-gems, sqlalchemy, greenlet, PyYAML, expecttest) into /tmp/site;
 # 2. the environment report (FlagGems available or why not);
 # 3. at the same time: pytest of tests/test_flaggems_gpu.py and tests/test_flaggems.py, and the OpInfo sweep
-#    (tests/opinfo/flaggems_sweep.py) in its own worker processes;
-# 4. the model-shape sweep (tests/opinfo/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
+#    (tools/flaggems_sweep.py) in its own worker processes;
+# 4. the model-shape sweep (tools/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
 #    replayed on the calls a Qwen3-0.6B model makes; the ops that fail or crash there are taken out;
 # 5. the benchmarks, alone on the GPU: route overhead against FlagGems called directly, and kernel time
 #    against native CUDA at Qwen3-0.6B shapes.
@@ -56,7 +56,7 @@ timeout 120 python3 -m torch_fl 2>&1 | tee -a "$LOG"
 pytest_status=0
 if [ -z "$CANDIDATE" ]; then
   say "sweep (background, budget $((SWEEP_S - 25)) s, $WORKERS workers) and pytest (limit $PYTEST_S s)"
-  ( timeout "$SWEEP_S" python3 -m tests.opinfo.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
+  ( timeout "$SWEEP_S" python3 -m tools.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
       --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 ${GEMS_SWEEP_ARGS:-} \
       > "$DIR/sweep.log" 2>&1
     echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
@@ -85,7 +85,7 @@ if [ "${GEMS_MODEL_SWEEP:-1}" = 0 ]; then
   say "model-shape sweep left out (GEMS_MODEL_SWEEP=0)"
 elif [ -f "$CANDIDATE" ]; then
   say "model-shape sweep of ${CANDIDATE} (limit $MODEL_SWEEP_S s)"
-  timeout "$MODEL_SWEEP_S" python3 -m tests.opinfo.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
+  timeout "$MODEL_SWEEP_S" python3 -m tools.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
     --out-dir "$DIR" --workers "$WORKERS" --budget-s $((MODEL_SWEEP_S - 30)) --grace-s 10 2>&1 | tee -a "$LOG" | tail -25
   rm -f torch_fl/configs/.flaggems_opinfo_sweep.conf
 else

@@ -11,7 +11,7 @@
 #   greenlet 3.5.6    required by sqlalchemy on x86-64 (typing-extensions, its other need, comes with torch).
 #   PyYAML 6.0.3      imported when flag_gems loads (flag_gems/config.py); the version flag-gems pins.
 #                     transformers needs it too, so the machine probably has it; same version, harmless.
-#   expecttest 0.3.0  torch.testing._internal needs it: the OpInfo sweep (tests/opinfo/flaggems_sweep.py).
+#   expecttest 0.3.0  torch.testing._internal needs it: the OpInfo sweep (tools/flaggems_sweep.py).
 # flag-gems' other requirement, packaging, is there (pytest needs it).
 #
 # Usage: scripts/gpu/wheels.sh        (idempotent: keeps wheels already downloaded)

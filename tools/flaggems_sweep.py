@@ -9,7 +9,7 @@ every sample of every (OpInfo, dtype) matched.
 1. Discovery: which OpInfos reach which of those ops. Each op is given a recording implementation on the
    ``python`` backend (it calls the native CUDA kernel, so no Triton compiles), the first sample of every
    OpInfo runs on flagos in each of its variants (function, in-place, out=, forward and backward:
-   opinfo/variants.py), and the recorders say which ops it reached.
+   tests/opinfo/variants.py), and the recorders say which ops it reached.
 2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
    on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
    ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
@@ -20,8 +20,8 @@ was running as ``crash`` and a new worker continues with the rest. Outputs in ``
 listed in comments with the reason; copy it to ``torch_fl/configs/``) and ``flaggems_sweep.md`` (the table
 for docs/flaggems.md).
 
-    python -m tests.opinfo.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
-    python -m tests.opinfo.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
+    python -m tools.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
+    python -m tools.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
 
 Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``.
 """
@@ -40,12 +40,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _TESTS_DIR not in sys.path:  # `python -m tests.opinfo.flaggems_sweep` or as a script: find `opinfo`
-    sys.path.insert(0, _TESTS_DIR)
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from opinfo import harness  # noqa: E402
-from opinfo.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
+from tools.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
     REFERENCE,
     TF32_OPS,
     TOLERANCES,
@@ -419,8 +420,8 @@ def write_config(path: str, results: dict[str, OpResult], header: dict) -> None:
     for result in results.values():
         by_status[result.status].append(result)
     lines = [
-        "# FlagGems routes for NVIDIA GPUs: the ops that passed tests/opinfo/flaggems_sweep.py. Generated; do",
-        "# not edit by hand (rerun the sweep on the GPU machine, scripts/gpu/flaggems.sh, and copy its output).",
+        "# FlagGems routes for NVIDIA GPUs: the ops that passed tools/flaggems_sweep.py. Generated; do not",
+        "# edit by hand (rerun the sweep on the GPU machine, scripts/gpu/flaggems.sh, and copy its output).",
         f"# Sweep: {header['environment']}, {header['date']}",
         f"# dtypes {', '.join(header['dtypes'])}; up to {header['max_samples']} samples of up to "
         f"{header['max_opinfos']} OpInfos per op and dtype, compared",
