@@ -508,6 +508,7 @@ def test_model_sweep_recordings_keep_memory_formats(tmp_path):
     # torch.memory_format does not pickle; the model sweep's recordings (torch.save) carry _to_copy's and
     # clone's memory_format arguments all the same.
     import torch
+
     from tools.flaggems_model_sweep import _map, restore, snapshot
 
     args = (

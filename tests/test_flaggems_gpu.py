@@ -34,7 +34,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1024, 16, 8, 128, 3072
 
 
 def sweep():
-    from tools import flaggems_sweep  # the repository root is on sys.path (pytest's pythonpath, pyproject.toml)
+    from tools import flaggems_sweep  # the repository root is on sys.path (pyproject.toml: pythonpath)
 
     return flaggems_sweep
 

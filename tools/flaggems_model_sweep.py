@@ -50,9 +50,10 @@ for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) a
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from opinfo import harness  # noqa: E402
+
 from tools import flaggems_common as common  # noqa: E402
 from tools import flaggems_sweep as sweep  # noqa: E402
-from opinfo import harness  # noqa: E402
 
 CUDA_ERROR_EXIT = 86  # a worker's exit status after a CUDA error (the process cannot go on)
 STATUSES = ("pass", "fail", "crash", "not-exercised", "not-called", "not-run")

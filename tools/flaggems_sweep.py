@@ -46,6 +46,8 @@ for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) a
         sys.path.insert(0, _path)
 
 from opinfo import harness  # noqa: E402
+from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
+
 from tools.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
     REFERENCE,
     TF32_OPS,
@@ -59,7 +61,6 @@ from tools.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use
     tolerance,
     write_status_markdown,
 )
-from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
