@@ -1,8 +1,10 @@
 """torch_fl: the `flagos` PyTorch device.
 
 ``import torch_fl`` registers the device (PyTorch's PrivateUse1 key, renamed ``flagos``) and the
-``torch.flagos`` module; nothing else in torch changes. The accelerator behind it is chosen at first
-use by ``FLAGOS_ACCELERATOR`` (auto, sim or cuda).
+``torch.flagos`` module. Process-wide it also makes ``torch.accelerator`` mean flagos, wraps the CPU
+allocator (the native route adopts host kernels' outputs through it) and, through pytorch/pytorch#161129,
+breaks backward passes over CUDA tensors (README.md). The accelerator behind it is chosen at first use by
+``FLAGOS_ACCELERATOR`` (auto, sim or cuda).
 """
 
 from __future__ import annotations
