@@ -403,11 +403,11 @@ print("RESULT " + json.dumps({
 
 
 def run_stand_in_sweep(run_python, out_dir, *arguments):
-    """tests/opinfo/flaggems_sweep.py on the simulated accelerator with the stand-in FlagGems, whose softmax
+    """tools/flaggems_sweep.py on the simulated accelerator with the stand-in FlagGems, whose softmax
     is made wrong and whose max.dim kills the process (float32, 1 OpInfo and 2 samples per op)."""
     return run_python(
         "",
-        args=["-m", "tests.opinfo.flaggems_sweep", "--stand-in", "--out-dir", str(out_dir), "--workers", "1"]
+        args=["-m", "tools.flaggems_sweep", "--stand-in", "--out-dir", str(out_dir), "--workers", "1"]
         # A budget that a loaded machine does not run out of (the GPU machine's parallel test runs did,
         # in discovery: max.dim came out as no-opinfo); a sweep that runs well ends long before it.
         + ["--budget-s", "300", "--discovery-share", "0.5", "--max-opinfos", "1", "--max-samples", "2"]
@@ -422,7 +422,7 @@ def run_stand_in_sweep(run_python, out_dir, *arguments):
 
 @pytest.mark.slow
 def test_sweep_pipeline_with_the_stand_in(run_python, tmp_path):
-    # tests/opinfo/flaggems_sweep.py end to end on the simulated accelerator (reference: CPU) with the
+    # tools/flaggems_sweep.py end to end on the simulated accelerator (reference: CPU) with the
     # stand-in FlagGems, whose softmax is made wrong and whose max.dim kills the process.
     out_dir = tmp_path / "sweep"
     result = run_stand_in_sweep(run_python, out_dir, "--opinfos", "add,softmax,max.reduction_with_dim,mm")
@@ -508,7 +508,8 @@ def test_model_sweep_recordings_keep_memory_formats(tmp_path):
     # torch.memory_format does not pickle; the model sweep's recordings (torch.save) carry _to_copy's and
     # clone's memory_format arguments all the same.
     import torch
-    from opinfo.flaggems_model_sweep import _map, restore, snapshot
+
+    from tools.flaggems_model_sweep import _map, restore, snapshot
 
     args = (
         torch.arange(6.0).view(2, 3).t(),
@@ -523,7 +524,7 @@ def test_model_sweep_recordings_keep_memory_formats(tmp_path):
 
 @pytest.mark.slow
 def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
-    # tests/opinfo/flaggems_model_sweep.py end to end on the simulated accelerator with the stand-in
+    # tools/flaggems_model_sweep.py end to end on the simulated accelerator with the stand-in
     # FlagGems and the tiny Qwen3: add.Tensor made wrong (and add.out with it, an adapter around the same
     # function), mm ending the process, _softmax not called by the model (its route stays), the config's
     # comments and includes kept.
@@ -539,7 +540,7 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     out_dir = tmp_path / "out"
     result = run_python(
         "",
-        args=["-m", "tests.opinfo.flaggems_model_sweep", "--stand-in", "--config", str(candidate)]
+        args=["-m", "tools.flaggems_model_sweep", "--stand-in", "--config", str(candidate)]
         + ["--out-dir", str(out_dir), "--workers", "1", "--budget-s", "150"],
         env={**SIM, "FAKE_FLAGGEMS_WRONG": "add", "FAKE_FLAGGEMS_CRASH": "mm"},
         cwd=str(repo),
@@ -568,7 +569,7 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     assert "#   aten::mm: crash: the process died: exit status 3" in conf
     assert "#   aten::add.Tensor: fail: mismatch at" in conf
     assert conf.startswith(
-        "# from the OpInfo sweep\n# Model shapes (tests/opinfo/flaggems_model_sweep.py, Qwen3 tiny"
+        "# from the OpInfo sweep\n# Model shapes (tools/flaggems_model_sweep.py, Qwen3 tiny"
     )
     import torch_fl.routing as routing
 

@@ -3,11 +3,11 @@
 Each test routes the ATen overloads its computation reaches on flagos (see docs/routing.md, "Which
 overload reaches the router") to ``flaggems``, checks that FlagGems' function for each of them actually
 ran, and compares the result with the same computation on CUDA tensors at the dtype-fit tolerances of the
-sweep (tests/opinfo/flaggems_sweep.py). The stream test checks that FlagGems launches on flagos's current
+sweep (tools/flaggems_sweep.py). The stream test checks that FlagGems launches on flagos's current
 stream. Skipped without a GPU (``gpu`` marker); where flag_gems is installed but unusable,
 ``test_flaggems_is_available`` fails with the reason and the others skip.
 
-    python -m pytest tests/test_flaggems_gpu.py -q        # scripts/gpu_flaggems.sh runs it
+    python -m pytest tests/test_flaggems_gpu.py -q        # scripts/gpu/flaggems.sh runs it
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1024, 16, 8, 128, 3072
 
 
 def sweep():
-    from opinfo import flaggems_sweep  # tests/ is on sys.path (rootdir conftest)
+    from tools import flaggems_sweep  # the repository root is on sys.path (pyproject.toml: pythonpath)
 
     return flaggems_sweep
 
@@ -51,7 +51,7 @@ def gems():
 
 def test_flaggems_is_available():
     if importlib.util.find_spec("flag_gems") is None:
-        pytest.skip("flag_gems is not installed (scripts/gpu_wheels.sh, docs/flaggems.md)")
+        pytest.skip("flag_gems is not installed (scripts/gpu/wheels.sh, docs/flaggems.md)")
     assert torch_fl.accelerator() == "cuda", "on a GPU flagos must run on the cuda accelerator"
     status = _flaggems.load()
     assert status.available, f"FlagGems is installed but unavailable: {status.reason}"
@@ -295,7 +295,7 @@ def test_sdpa_default_path_under_flaggems_routes(gems):
 
 
 # ---- FlagGems' own defects -----------------------------------------------------------------------------
-# Found by the model-shape sweep (tests/opinfo/flaggems_model_sweep.py) on the H200 with FlagGems 5.0.2 and
+# Found by the model-shape sweep (tools/flaggems_model_sweep.py) on the H200 with FlagGems 5.0.2 and
 # Triton 3.6. They are FlagGems' own (calling it directly on CUDA tensors gives the same wrong result), so
 # the shipped config leaves those ops native. Strict xfails: a FlagGems that fixes one fails its test, the
 # prompt to run the sweeps again and route the op.
@@ -313,7 +313,7 @@ def test_mul_by_a_column_matches_torch(gems, dtype):
     torch.testing.assert_close(flaggems_mul(a, b), a * b, rtol=0, atol=0)
 
 
-MM_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "flaggems_mm_probe.py")
+MM_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flaggems_mm_probe.py")
 
 
 @pytest.mark.parametrize("overload", ["mm", "mm.out"])

@@ -15,9 +15,9 @@
 
 from __future__ import annotations
 
-import torch
+from importlib import metadata as _metadata
 
-__version__ = "0.1.0"
+import torch
 
 _BACKEND_NAME = "flagos"
 
@@ -39,6 +39,15 @@ _claim_privateuse1()
 
 # Loading _C registers the runtime (hooks, guard, allocators) and the operators for PrivateUse1.
 from torch_fl import _C, flagos  # noqa: E402
+
+# The version is written once, in pyproject.toml: the installed distribution's metadata has it (importlib
+# .metadata is already loaded by torch; the look-up costs under a millisecond). A source tree on sys.path
+# without installed metadata falls back to the version the extension was built with (scikit-build-core
+# passes the same pyproject.toml version to CMake).
+try:
+    __version__ = _metadata.version("torch_fl")
+except _metadata.PackageNotFoundError:
+    __version__ = str(_C._build_info()["version"])
 
 torch._register_device_module(_BACKEND_NAME, flagos)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)

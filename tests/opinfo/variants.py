@@ -1,4 +1,4 @@
-"""The ways an OpInfo sample is run (tests/opinfo/flaggems_sweep.py): the OpInfo's function, its in-place
+"""The ways an OpInfo sample is run (tools/flaggems_sweep.py): the OpInfo's function, its in-place
 variant, with out=, or forward and backward. On flagos backed by CUDA each reaches other ATen overloads
 (aten::abs, aten::abs_, aten::abs.out; for the backward aten::silu_backward, ...), so a sweep that wants
 every overload exercised runs every variant an OpInfo has."""

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Run on the lent GPU machine (see docs/gpu.md): a fresh build against its torch, then the chosen stages,
-# each with its own time limit, logs under $OUT (or ./gpu-logs).
+# Run on the lent GPU machine (see scripts/gpu/README.md): a fresh build against its torch, then the chosen
+# stages, each with its own time limit, logs under $OUT (or ./gpu-logs).
 #
-#   scripts/gpu_check.sh [stage...]     stages: build ctest cuda sim opinfo bench models (default: all)
+#   scripts/gpu/check.sh [stage...]     stages: build ctest cuda sim opinfo bench models (default: all)
 #
-# Wheels the machine lacks (expecttest, FlagGems; scripts/gpu_wheels.sh downloads them into .whl/) are
+# Wheels the machine lacks (expecttest, FlagGems; scripts/gpu/wheels.sh downloads them into .whl/) are
 # installed into /tmp/site first when .whl/ is there.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1

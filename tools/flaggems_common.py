@@ -17,9 +17,10 @@ import torch
 
 import torch_fl
 
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from opinfo import harness  # noqa: E402
 

@@ -21,7 +21,7 @@ such ops one by one and takes them out of the config.
    table for docs/flaggems.md); ``flaggems_cuda.conf``: the ``--config`` file with every op that failed
    here taken out of the routes and listed, with the reason, in an excluded section.
 
-    python -m tests.opinfo.flaggems_model_sweep --config flaggems_cuda.conf --out-dir /tmp/model-sweep
+    python -m tools.flaggems_model_sweep --config flaggems_cuda.conf --out-dir /tmp/model-sweep
 
 Needs flagos on the cuda accelerator with FlagGems usable (``--stand-in``: the simulated accelerator and
 tests/fake_flaggems, for the CPU tests of this script).
@@ -45,13 +45,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fl
 
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _TESTS_DIR not in sys.path:  # `python -m tests.opinfo.flaggems_model_sweep` or as a script
-    sys.path.insert(0, _TESTS_DIR)
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-from opinfo import flaggems_common as common  # noqa: E402
-from opinfo import flaggems_sweep as sweep  # noqa: E402
 from opinfo import harness  # noqa: E402
+
+from tools import flaggems_common as common  # noqa: E402
+from tools import flaggems_sweep as sweep  # noqa: E402
 
 CUDA_ERROR_EXIT = 86  # a worker's exit status after a CUDA error (the process cannot go on)
 STATUSES = ("pass", "fail", "crash", "not-exercised", "not-called", "not-run")
@@ -376,7 +378,7 @@ def write_config(path: str, config: str, results: dict[str, OpResult], header: d
             kept.append(line)
     first_route = next((i for i, line in enumerate(kept) if not line.startswith("#")), len(kept))
     note = [
-        f"# Model shapes (tests/opinfo/flaggems_model_sweep.py, Qwen3 {header['shape']}: {header['environment']}, "
+        f"# Model shapes (tools/flaggems_model_sweep.py, Qwen3 {header['shape']}: {header['environment']}, "
         f"{header['date']}):",
         f"# the calls of {header['recorded_ops']} routed ops replayed; {len(excluded)} excluded below.",
     ]

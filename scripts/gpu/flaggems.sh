@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The FlagGems checks on the lent GPU machine, in one call, after the plugin is built there
-# (pip install --no-build-isolation --no-deps -e .). Carry .whl (scripts/gpu_wheels.sh fills it here).
+# (pip install --no-build-isolation --no-deps -e .). Carry .whl (scripts/gpu/wheels.sh fills it here).
 #
-#   scripts/gpu_flaggems.sh            # 5-6 minutes; outputs in $OUT/flaggems (or ./flaggems-logs/flaggems)
+#   scripts/gpu/flaggems.sh            # 5-6 minutes; outputs in $OUT/flaggems (or ./flaggems-logs/flaggems)
 #
 # 1. installs .whl/*.whl (flag-gems, sqlalchemy, greenlet, PyYAML, expecttest) into /tmp/site;
 # 2. the environment report (FlagGems available or why not);
 # 3. at the same time: pytest of tests/test_flaggems_gpu.py and tests/test_flaggems.py, and the OpInfo sweep
-#    (tests/opinfo/flaggems_sweep.py) in its own worker processes;
-# 4. the model-shape sweep (tests/opinfo/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
+#    (tools/flaggems_sweep.py) in its own worker processes;
+# 4. the model-shape sweep (tools/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
 #    replayed on the calls a Qwen3-0.6B model makes; the ops that fail or crash there are taken out;
 # 5. the benchmarks, alone on the GPU: route overhead against FlagGems called directly, and kernel time
 #    against native CUDA at Qwen3-0.6B shapes.
@@ -22,10 +22,10 @@
 # gives the model sweep FILE (an earlier OpInfo sweep's config; keep it in torch_fl/configs/ so that its
 # `include cuda.conf` resolves). GEMS_BENCH=0 leaves the benchmarks out (to run them later, alone on the
 # GPU). GEMS_MODEL_SWEEP=0 leaves the model-shape sweep out (to run it later on the config the OpInfo sweep
-# wrote, e.g. with scripts/gpu_all.sh verify once it is shipped). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
+# wrote, e.g. with scripts/gpu/all.sh verify once it is shipped). GEMS_SKIP_INSTALL=1 uses the flag_gems already importable (or none: a dry run on a machine without
 # a GPU, where every step skips or says why).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 DIR=${OUT:-flaggems-logs}/flaggems
 mkdir -p "$DIR"
 LOG=$DIR/flaggems.log
@@ -42,7 +42,7 @@ start=$SECONDS
 say() { echo "== [$((SECONDS - start)) s] $*" | tee -a "$LOG"; }
 
 if [ "${GEMS_SKIP_INSTALL:-0}" != 1 ]; then
-  ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl: run scripts/gpu_wheels.sh and carry .whl" | tee -a "$LOG"; exit 1; }
+  ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl: run scripts/gpu/wheels.sh and carry .whl" | tee -a "$LOG"; exit 1; }
   say "installing $(ls .whl | tr '\n' ' ')into /tmp/site"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >> "$LOG" 2>&1 || { echo "pip install of .whl failed" | tee -a "$LOG"; exit 1; }
@@ -56,7 +56,7 @@ timeout 120 python3 -m torch_fl 2>&1 | tee -a "$LOG"
 pytest_status=0
 if [ -z "$CANDIDATE" ]; then
   say "sweep (background, budget $((SWEEP_S - 25)) s, $WORKERS workers) and pytest (limit $PYTEST_S s)"
-  ( timeout "$SWEEP_S" python3 -m tests.opinfo.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
+  ( timeout "$SWEEP_S" python3 -m tools.flaggems_sweep --out-dir "$DIR/sweep" --workers "$WORKERS" \
       --budget-s $((SWEEP_S - 25)) --grace-s 10 --max-samples 2 --max-opinfos 2 ${GEMS_SWEEP_ARGS:-} \
       > "$DIR/sweep.log" 2>&1
     echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
@@ -85,7 +85,7 @@ if [ "${GEMS_MODEL_SWEEP:-1}" = 0 ]; then
   say "model-shape sweep left out (GEMS_MODEL_SWEEP=0)"
 elif [ -f "$CANDIDATE" ]; then
   say "model-shape sweep of ${CANDIDATE} (limit $MODEL_SWEEP_S s)"
-  timeout "$MODEL_SWEEP_S" python3 -m tests.opinfo.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
+  timeout "$MODEL_SWEEP_S" python3 -m tools.flaggems_model_sweep --config "${CANDIDATE_IN_PACKAGE:-$CANDIDATE}" \
     --out-dir "$DIR" --workers "$WORKERS" --budget-s $((MODEL_SWEEP_S - 30)) --grace-s 10 2>&1 | tee -a "$LOG" | tail -25
   rm -f torch_fl/configs/.flaggems_opinfo_sweep.conf
 else

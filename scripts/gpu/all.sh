@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Everything the NVIDIA, FlagGems and Qwen3 issues ask of the GPU machine, in two calls of it (docs/gpu.md):
+# Everything the NVIDIA, FlagGems and Qwen3 issues ask of the GPU machine, in two calls of it
+# (scripts/gpu/README.md):
 #
-#   scripts/gpu_all.sh verify   # ~9 minutes: build, HAL suite, whole pytest suite on the cuda accelerator,
+#   scripts/gpu/all.sh verify   # ~9 minutes: build, HAL suite, whole pytest suite on the cuda accelerator,
 #                               # Qwen3 0.6B tests (native route; FlagGems config), FlagGems GPU tests,
 #                               # model-shape sweep of the shipped FlagGems config
-#   scripts/gpu_all.sh bench    # ~6 minutes: op overhead, copies, Qwen3 (both configs), FlagGems overhead
+#   scripts/gpu/all.sh bench    # ~6 minutes: op overhead, copies, Qwen3 (both configs), FlagGems overhead
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
-# stdout. Carry .whl (scripts/gpu_wheels.sh). Each step has a time limit; overall the call stays under 10
+# stdout. Carry .whl (scripts/gpu/wheels.sh). Each step has a time limit; overall the call stays under 10
 # minutes. VERIFY_GEMS_CONFIG=<file in torch_fl/configs/> sweeps and tests another FlagGems config.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mode=${1:-}
-[[ "$mode" == verify || "$mode" == bench ]] || { echo "usage: scripts/gpu_all.sh verify|bench" >&2; exit 2; }
+[[ "$mode" == verify || "$mode" == bench ]] || { echo "usage: scripts/gpu/all.sh verify|bench" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 L=$(mktemp -d /tmp/gpu_all.XXXX)
 DEST=${OUT:-gpu-logs}
@@ -25,7 +26,7 @@ summary() {                           # the lines that say how a pytest log ende
   grep -E "^(FAILED|ERROR)|^E   |passed|failed|Timeout" "$L/$1" | head -${2:-25}
 }
 
-OUT=$L scripts/gpu_check.sh build ctest 2>&1 | tail -3
+OUT=$L scripts/gpu/check.sh build ctest 2>&1 | tail -3
 python3 -c "import sys; sys.path.insert(0, '/tmp/site'); import torch_fl" \
   || { echo "build failed"; tail -40 "$L/build.log"; exit 1; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} GPU_SKIP_INSTALL=1 GEMS_SKIP_INSTALL=1
@@ -34,13 +35,13 @@ models=(tests/models/test_qwen3_inference.py tests/models/test_qwen3_checkpoint.
 if [ "$mode" = verify ]; then
   config=${VERIFY_GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
   echo "== [$SECONDS s] in parallel: pytest suite (3 processes), Qwen3 0.6B native, FlagGems sweep then tests"
-  OUT=$L CUDA_SUITE_SHARDS=3 CUDA_SUITE_TIMEOUT=400 scripts/gpu_check.sh cuda > "$L/suite.out" 2>&1 &
+  OUT=$L CUDA_SUITE_SHARDS=3 CUDA_SUITE_TIMEOUT=400 scripts/gpu/check.sh cuda > "$L/suite.out" 2>&1 &
   FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 520) python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
     --durations=8 "${models[@]}" > "$L/models-native.log" 2>&1 &
   FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 520) python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
     --durations=8 tests/models/test_qwen3_training.py > "$L/models-native-training.log" 2>&1 &
   OUT=$L GEMS_CANDIDATE=$config GEMS_BENCH=0 GEMS_MODEL_SWEEP_S=200 GEMS_SWEEP_WORKERS=5 \
-    scripts/gpu_flaggems.sh > "$L/flaggems.out" 2>&1 &
+    scripts/gpu/flaggems.sh > "$L/flaggems.out" 2>&1 &
   # The clean-process test checks the reference, not the route: the native run covers it. Started with the
   # rest, not after the model-shape sweep: after it, it ran out of time twice (it needs ~400 s).
   FLAGOS_BACKEND_CONFIG=$PWD/$config FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q \
@@ -59,7 +60,7 @@ if [ "$mode" = verify ]; then
 fi
 
 echo "== [$SECONDS s] benchmarks, alone on the GPU"
-OUT=$L scripts/gpu_check.sh bench 2>&1 | tail -40
+OUT=$L scripts/gpu/check.sh bench 2>&1 | tail -40
 timeout 330 python3 benchmarks/qwen3.py --repeats 5 --configs native,torch_fl/configs/flaggems_cuda.conf \
   --top-ops 12 2>&1 | grep -v USDT | tee "$L/qwen3.log" | tail -50
 pkill -f _qwen3_clean_process || true

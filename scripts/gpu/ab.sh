@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# A/B of two builds in one call of the GPU machine (docs/gpu.md): the working tree ("new") against an older
-# tree ("base", default .ab-base/: `git archive <rev> | tar -x -C .ab-base`, carried with the call; add it
+# A/B of two builds in one call of the GPU machine (scripts/gpu/README.md): the working tree ("new") against
+# an older tree ("base", default .ab-base/: `git archive <rev> | tar -x -C .ab-base`, carried with the call; add it
 # to .git/info/exclude). Both are built side by side into /tmp/ab-<name>, then each benchmark command runs
 # for base and new in turn, ROUNDS times, so that machine drift hits both alike:
 #
-#   scripts/gpu_ab.sh "python3 benchmarks/op_overhead.py --repeats 5" "python3 benchmarks/qwen3.py"
-#   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu_ab.sh "..."   # again in the same call, without rebuilding
+#   scripts/gpu/ab.sh "python3 benchmarks/op_overhead.py --repeats 5" "python3 benchmarks/qwen3.py"
+#   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu/ab.sh "..."   # again in the same call, without rebuilding
 #
 # Logs under $OUT (or ./gpu-logs): ab-<name>-<AB_TAG, default "run"><i>-<round>.log (command i), and the
 # last AB_TAIL lines of each to stdout.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BASE=${AB_BASE:-.ab-base}
 ROUNDS=${AB_ROUNDS:-2}
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 [ -d "$BASE" ] || { echo "no base tree at $BASE" >&2; exit 2; }
-[ $# -gt 0 ] || { echo "usage: scripts/gpu_ab.sh COMMAND..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: scripts/gpu/ab.sh COMMAND..." >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -9,7 +9,7 @@ every sample of every (OpInfo, dtype) matched.
 1. Discovery: which OpInfos reach which of those ops. Each op is given a recording implementation on the
    ``python`` backend (it calls the native CUDA kernel, so no Triton compiles), the first sample of every
    OpInfo runs on flagos in each of its variants (function, in-place, out=, forward and backward:
-   opinfo/variants.py), and the recorders say which ops it reached.
+   tests/opinfo/variants.py), and the recorders say which ops it reached.
 2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
    on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
    ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
@@ -20,8 +20,8 @@ was running as ``crash`` and a new worker continues with the rest. Outputs in ``
 listed in comments with the reason; copy it to ``torch_fl/configs/``) and ``flaggems_sweep.md`` (the table
 for docs/flaggems.md).
 
-    python -m tests.opinfo.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
-    python -m tests.opinfo.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
+    python -m tools.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
+    python -m tools.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
 
 Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``.
 """
@@ -40,12 +40,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _TESTS_DIR not in sys.path:  # `python -m tests.opinfo.flaggems_sweep` or as a script: find `opinfo`
-    sys.path.insert(0, _TESTS_DIR)
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from opinfo import harness  # noqa: E402
-from opinfo.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
+from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
+
+from tools.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
     REFERENCE,
     TF32_OPS,
     TOLERANCES,
@@ -58,7 +61,6 @@ from opinfo.flaggems_common import (  # noqa: E402, F401  (re-exported: tests us
     tolerance,
     write_status_markdown,
 )
-from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -404,7 +406,7 @@ def run_worker(args) -> int:
 def _empty_inner_dimension_fault(function: str) -> str:
     return (
         f"FlagGems 5.0.2 {function} faults (illegal memory access) on an empty inner dimension, (5, 0) @ "
-        "(0, 10), on CUDA tensors directly too (scripts/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
+        "(0, 10), on CUDA tensors directly too (tests/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
     )
 
 
@@ -419,8 +421,8 @@ def write_config(path: str, results: dict[str, OpResult], header: dict) -> None:
     for result in results.values():
         by_status[result.status].append(result)
     lines = [
-        "# FlagGems routes for NVIDIA GPUs: the ops that passed tests/opinfo/flaggems_sweep.py. Generated; do",
-        "# not edit by hand (rerun the sweep on the GPU machine, scripts/gpu_flaggems.sh, and copy its output).",
+        "# FlagGems routes for NVIDIA GPUs: the ops that passed tools/flaggems_sweep.py. Generated; do not",
+        "# edit by hand (rerun the sweep on the GPU machine, scripts/gpu/flaggems.sh, and copy its output).",
         f"# Sweep: {header['environment']}, {header['date']}",
         f"# dtypes {', '.join(header['dtypes'])}; up to {header['max_samples']} samples of up to "
         f"{header['max_opinfos']} OpInfos per op and dtype, compared",

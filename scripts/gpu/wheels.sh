@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads, on a machine with network access, the wheels that the lent GPU machine lacks for the FlagGems
-# route, into the git-ignored .whl/ (carry it to the GPU machine; scripts/gpu_flaggems.sh installs it into
+# route, into the git-ignored .whl/ (carry it to the GPU machine; scripts/gpu/flaggems.sh installs it into
 # /tmp/site). The GPU machine: Python 3.12, x86-64 manylinux, torch 2.11.0+cu130, Triton 3.6.0, numpy 2.x,
 # transformers, pytest; no network.
 #
@@ -11,12 +11,12 @@
 #   greenlet 3.5.6    required by sqlalchemy on x86-64 (typing-extensions, its other need, comes with torch).
 #   PyYAML 6.0.3      imported when flag_gems loads (flag_gems/config.py); the version flag-gems pins.
 #                     transformers needs it too, so the machine probably has it; same version, harmless.
-#   expecttest 0.3.0  torch.testing._internal needs it: the OpInfo sweep (tests/opinfo/flaggems_sweep.py).
+#   expecttest 0.3.0  torch.testing._internal needs it: the OpInfo sweep (tools/flaggems_sweep.py).
 # flag-gems' other requirement, packaging, is there (pytest needs it).
 #
-# Usage: scripts/gpu_wheels.sh        (idempotent: keeps wheels already downloaded)
+# Usage: scripts/gpu/wheels.sh        (idempotent: keeps wheels already downloaded)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 WHEELS=(
   "flag-gems==5.0.2"
