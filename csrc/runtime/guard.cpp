@@ -78,9 +78,7 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     impl().block(event, stream);
   }
 
-  bool queryEvent(void* event) const override {
-    return event == nullptr || impl().queryEvent(event);
-  }
+  bool queryEvent(void* event) const override { return event == nullptr || impl().queryEvent(event); }
 
   void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {
     // An event exists only once the device was initialised (record created it).
@@ -103,9 +101,7 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return impl().queryStream(stream);
   }
 
-  void synchronizeStream(const c10::Stream& stream) const override {
-    synchronize_stream(stream);
-  }
+  void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;

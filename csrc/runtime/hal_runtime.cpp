@@ -113,10 +113,9 @@ void throw_hal_error(flagos_status_t status, const std::string& what) {
 
 void check_device_index(c10::DeviceIndex index) {
   c10::DeviceIndex count = device_count();
-  TORCH_CHECK_INDEX(index >= 0 && index<count, "invalid flagos device index ", static_cast<int>(index), ": ",
-                                        static_cast<int>(count), " flagos device(s) available", count> 0
-                        ? " (valid: 0.." + std::to_string(count - 1) + ")"
-                        : std::string(""));
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "invalid flagos device index ", static_cast<int>(index),
+                    ": ", static_cast<int>(count), " flagos device(s) available",
+                    count > 0 ? " (valid: 0.." + std::to_string(count - 1) + ")" : std::string(""));
 }
 
 }  // namespace flagos::runtime

@@ -12,6 +12,7 @@ import torch
 
 DEVICE = "flagos"
 
+
 def current_index() -> int:
     return torch.accelerator.current_device_index()
 

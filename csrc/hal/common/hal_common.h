@@ -123,12 +123,16 @@ inline flagos_status_t invalid_handle(const char* kind, const void* handle) {
 
 // The identity entry points are the same in every HAL but its name; each HAL expands this once, inside
 // its extern "C" block, instead of repeating them.
-#define FLAGOS_HAL_DEFINE_IDENTITY(hal_name_literal)                                 \
-  FLAGOS_HAL_API int flagos_hal_abi_version(void) { return FLAGOS_HAL_ABI_VERSION; } \
-  FLAGOS_HAL_API const char* flagos_hal_name(void) { return hal_name_literal; }      \
-  FLAGOS_HAL_API const char* flagos_get_error_string(flagos_status_t status) {       \
-    return flagos::hal::detail::status_name(status);                                 \
-  }                                                                                  \
-  FLAGOS_HAL_API const char* flagos_get_last_error_message(void) {                   \
-    return flagos::hal::detail::last_error_message().c_str();                        \
+#define FLAGOS_HAL_DEFINE_IDENTITY(hal_name_literal)                           \
+  FLAGOS_HAL_API int flagos_hal_abi_version(void) {                            \
+    return FLAGOS_HAL_ABI_VERSION;                                             \
+  }                                                                            \
+  FLAGOS_HAL_API const char* flagos_hal_name(void) {                           \
+    return hal_name_literal;                                                   \
+  }                                                                            \
+  FLAGOS_HAL_API const char* flagos_get_error_string(flagos_status_t status) { \
+    return flagos::hal::detail::status_name(status);                           \
+  }                                                                            \
+  FLAGOS_HAL_API const char* flagos_get_last_error_message(void) {             \
+    return flagos::hal::detail::last_error_message().c_str();                  \
   }

@@ -16,6 +16,12 @@
  *  - Host memory from flagos_host_malloc is "pinned": async copies from/to it may run after the call
  *    returns; async copies from/to ordinary host memory are allowed too, but the implementation may
  *    complete them before returning (CUDA does this for pageable memory).
+ *  - An event record and its stream agree: once the stream's last recorded event is complete the stream
+ *    queries idle, and once the stream is synchronised its events query complete.
+ *
+ * What a vendor must make fast: the runtime's HAL mode (csrc/runtime/hal/) calls every function here
+ * except flagos_memset, flagos_memset_async, flagos_launch_host_func, flagos_stream_get_device and
+ * flagos_stream_destroy, which are part of the ABI and of the conformance suite but not load-bearing today.
  */
 #ifndef FLAGOS_HAL_H_
 #define FLAGOS_HAL_H_
@@ -64,9 +70,9 @@ typedef enum flagos_memory_type {
 
 typedef struct flagos_pointer_attributes {
   flagos_memory_type_t type;
-  int device;       /* owning device for DEVICE memory, -1 otherwise */
-  void* base;       /* start of the allocation that contains the pointer (NULL if unregistered) */
-  size_t size;      /* size of that allocation in bytes (0 if unregistered) */
+  int device;  /* owning device for DEVICE memory, -1 otherwise */
+  void* base;  /* start of the allocation that contains the pointer (NULL if unregistered) */
+  size_t size; /* size of that allocation in bytes (0 if unregistered) */
 } flagos_pointer_attributes_t;
 
 typedef struct flagos_device_properties {
@@ -112,9 +118,11 @@ FLAGOS_HAL_API flagos_status_t flagos_malloc(int device, void** ptr, size_t size
 FLAGOS_HAL_API flagos_status_t flagos_free(void* ptr); /* NULL is a no-op; waits for nothing */
 FLAGOS_HAL_API flagos_status_t flagos_host_malloc(void** ptr, size_t size);
 FLAGOS_HAL_API flagos_status_t flagos_host_free(void* ptr);
-FLAGOS_HAL_API flagos_status_t flagos_pointer_get_attributes(const void* ptr, flagos_pointer_attributes_t* attrs);
+FLAGOS_HAL_API flagos_status_t flagos_pointer_get_attributes(const void* ptr,
+                                                             flagos_pointer_attributes_t* attrs);
 
-FLAGOS_HAL_API flagos_status_t flagos_memcpy(void* dst, const void* src, size_t size, flagos_memcpy_kind_t kind);
+FLAGOS_HAL_API flagos_status_t flagos_memcpy(void* dst, const void* src, size_t size,
+                                             flagos_memcpy_kind_t kind);
 FLAGOS_HAL_API flagos_status_t flagos_memcpy_async(void* dst, const void* src, size_t size,
                                                    flagos_memcpy_kind_t kind, flagos_stream_t stream);
 FLAGOS_HAL_API flagos_status_t flagos_memset(void* ptr, int value, size_t size);
@@ -133,7 +141,8 @@ FLAGOS_HAL_API flagos_status_t flagos_stream_query(flagos_stream_t stream); /* S
 FLAGOS_HAL_API flagos_status_t flagos_stream_wait_event(flagos_stream_t stream, flagos_event_t event);
 /* Runs fn(user_data) on the host once all work queued before it on the stream is done; work queued
  * after it waits for it. fn must not call into the HAL. */
-FLAGOS_HAL_API flagos_status_t flagos_launch_host_func(flagos_stream_t stream, flagos_host_fn_t fn, void* user_data);
+FLAGOS_HAL_API flagos_status_t flagos_launch_host_func(flagos_stream_t stream, flagos_host_fn_t fn,
+                                                       void* user_data);
 /* The vendor's own stream handle (cudaStream_t on CUDA; the flagos handle itself on sim). */
 FLAGOS_HAL_API flagos_status_t flagos_stream_get_native_handle(flagos_stream_t stream, void** handle);
 

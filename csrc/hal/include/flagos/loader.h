@@ -11,8 +11,8 @@ namespace flagos::hal {
 
 // One function pointer per hal.h symbol, resolved with dlsym from the library that was loaded.
 struct HalTable {
-  std::string name;         // "sim", "cuda", ...
-  std::string library_path; // absolute path of the shared library it came from
+  std::string name;          // "sim", "cuda", ...
+  std::string library_path;  // absolute path of the shared library it came from
 
   int (*abi_version)();
   const char* (*hal_name)();
@@ -74,4 +74,4 @@ const HalTable* load_hal(const std::string& name, std::string* error);
 // FLAGOS_SIM_DEVICES) is an error too, carrying the HAL's message; sim with 0 devices is not.
 const HalTable* select_accelerator(std::string* error);
 
-} // namespace flagos::hal
+}  // namespace flagos::hal
