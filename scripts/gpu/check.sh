@@ -43,7 +43,7 @@ if want cuda; then
   # CUDA_SUITE_SHARDS=N: the test files in N pytest processes at once (round robin), each with the limit.
   shards=${CUDA_SUITE_SHARDS:-1}
   echo "== pytest, cuda accelerator (auto), $shards process(es)"
-  files=$(ls tests/test_*.py | grep -v -e test_opinfo.py -e test_flaggems_gpu.py)
+  files=$(ls tests/test_*.py tests/conformance/test_*.py | grep -v -e test_opinfo.py -e test_flaggems_gpu.py)
   for k in $(seq 0 $((shards - 1))); do
     mine=$(echo "$files" | awk -v k="$k" -v n="$shards" '(NR - 1) % n == k')
     timeout ${CUDA_SUITE_TIMEOUT:-330} python3 -m pytest $mine -q -p no:cacheprovider --durations=5 \
