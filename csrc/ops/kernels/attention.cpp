@@ -1,4 +1,4 @@
-// Fused scaled-dot-product attention on flagos (see ops/attention.h).
+// Fused scaled-dot-product attention on flagos (see ops/kernels/attention.h).
 //
 // torch's composite scaled_dot_product_attention calls `_fused_sdp_choice_stub` for the query's device
 // type when that stub has a kernel for it, and otherwise runs the math decomposition. flagos's kernel of

@@ -267,7 +267,7 @@ bool has_dim_names(const T& /*t*/, long /*fallback*/) {
 }
 
 // copy_: flagos, host and other devices' tensors in any mix, and no same-device check. Routed directly only
-// when backed (ops/routes/entry_kernels.cpp), where its native copy is the backing device's own. Named and
+// when backed (ops/routes/entry_kernels.cpp), where its native copy is the native device's own. Named and
 // zero tensors keep torch's composite (it propagates names onto the flagos destination; a zero tensor has no
 // memory to alias), which reaches flagos's _copy_from (ops/kernels/copy.cpp).
 template <>

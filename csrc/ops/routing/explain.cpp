@@ -91,7 +91,7 @@ std::string decision_text(const State& s, const c10::OperatorName& name, const D
 }
 
 // With a note when the call does not take the decided route: a routed composite op with no rule runs its
-// composite kernel (ops/ops/routes/entry_kernels.h).
+// composite kernel (ops/routes/entry_kernels.h).
 void log_decision_locked(const State& s, const c10::OperatorHandle& op, const Decision& d) {
   std::string text = decision_text(s, op.operator_name(), d);
   const std::string note = op_entry_note(op, d.rule.has_value());

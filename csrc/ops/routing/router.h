@@ -108,7 +108,7 @@ struct ConfigEntry {
 
 // Parses a config file and its includes, in order (later entries win when applied). Throws
 // c10::ValueError "<file>:<line>: <problem>" for syntax errors, unknown ops or backends, missing
-// includes and include cycles. route_config.cpp.
+// includes and include cycles. config.cpp.
 std::vector<ConfigEntry> parse_config_file(const std::string& path);
 
 // Import-time set-up from torch_fl/routing.py: where the package's default configs live, the config
