@@ -1,6 +1,6 @@
 // The router: which backend runs each operator call that reaches it, through the PrivateUse1 fallback, an
 // unboxed kernel, or the router's kernel registered for composite ops a rule names
-// (ops/routes/entry_kernels.h). Its files: router.cpp (the lock-free cache), rules.cpp (rule layers and
+// (ops/routes/entry_kernels.h). Its files: cache.cpp (the lock-free cache), rules.cpp (rule layers and
 // resolution), backends.cpp (Python and FlagGems implementations), config.cpp, names.cpp, and explain.h.
 //
 // A route is chosen per operator overload (`aten::mm`, `aten::add.Tensor`). Precedence, lowest first:

@@ -1,8 +1,8 @@
-// The router's internal state and the functions its source files share (router.cpp: the cache; rules.cpp:
-// the rule layers and resolution; backends.cpp: the Python and FlagGems implementations; explain.cpp: the
-// text; config.cpp and names.cpp: parsing). Not an interface for the other layers: they use router.h.
-// Lock order: the GIL (held by the bindings) before the router's mutex, never the reverse: nothing here
-// touches Python.
+// The router's internal state and the functions its source files share (cache.cpp: the route cache;
+// rules.cpp: the rule layers and resolution; backends.cpp: the Python and FlagGems implementations;
+// explain.cpp: the text; config.cpp and names.cpp: parsing). Not an interface for the other layers: they use
+// router.h. Lock order: the GIL (held by the bindings) before the router's mutex, never the reverse: nothing
+// here touches Python.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -75,8 +75,9 @@ struct State {
 // Leaked on purpose: the fallback may route ops during static destruction.
 State& state();
 
-// ---- The version (router.cpp) -----------------------------------------------------------------------------
-// Bumped by every change that can alter a route, under the mutex; route() validates its cache against it.
+// ---- The version (cache.cpp)
+// ------------------------------------------------------------------------------- Bumped by every change that
+// can alter a route, under the mutex; route() validates its cache against it.
 void bump_version();
 
 // ---- Resolution (rules.cpp) -------------------------------------------------------------------------------
