@@ -24,7 +24,7 @@ from torch_fl import routing
 
 NATIVE = "CUDA" if torch_fl.accelerator() == "cuda" else "CPU"
 NATIVE_DEVICE = NATIVE.lower()
-# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (op_entry.h), and
+# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (ops/routes/entry_kernels.h), and
 # results are CUDA's: equal to CPU's within float32 tolerance, not bitwise.
 BACKED = torch_fl._C._backing_type() is not None
 EXP_ROUTED = "aten::exp" if BACKED else "aten::exp.out"
@@ -226,7 +226,7 @@ def test_in_place_and_out_variants_of_a_routed_functional_op_are_unaffected():
 
 # ---- kernels that must not be replaced ----------------------------------------------------------------
 
-# Every basic kernel of flagos (csrc/ops/basic_ops.cpp, csrc/ops/copy.cpp).
+# Every basic kernel of flagos (csrc/ops/kernels/basic_ops.cpp, copy.cpp; registered in csrc/ops/registration.cpp).
 BASIC_OPS = [
     "aten::empty.memory_format",
     "aten::empty_strided",

@@ -22,7 +22,7 @@ import torch_fl
 from torch_fl import routing
 
 # Ops that reach the router on flagos (their PrivateUse1 kernel is the router's fallback).
-# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (op_entry.h).
+# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (ops/routes/entry_kernels.h).
 BACKED = torch_fl._C._backing_type() is not None
 MM = "aten::mm.out"
 BMM = "aten::bmm.out"

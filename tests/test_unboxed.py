@@ -1,4 +1,4 @@
-"""The unboxed native-route kernels (csrc/ops/fast_ops.h): the hottest ops skip the boxed fallback.
+"""The unboxed native-route kernels (csrc/ops/routes/native_unboxed.h): the hottest ops skip the boxed fallback.
 
 ``torch_fl._C._routing_unboxed_calls()`` counts the calls the unboxed path served (reset with
 ``routing.reset_counts()``), so these tests see which way a call went: the unboxed kernel when the op is
@@ -37,7 +37,7 @@ def unboxed() -> int:
 def test_unboxed_ops_are_registered_for_what_reaches_flagos():
     ops = _C._routing_unboxed_ops()
     assert ops[ADD] == ("direct" if BACKED else "fallback")
-    assert ops["aten::native_layer_norm"] == "direct"  # one of op_entry's built-in direct routes
+    assert ops["aten::native_layer_norm"] == "direct"  # one of the built-in direct routes (ops/routes/entry_kernels.cpp)
     assert "aten::mm.out" in ops or "aten::mm" in ops
     # Explain is unchanged: the op still reaches the router by itself.
     assert routing.explain(ADD).startswith(f"{ADD} -> native (default")
@@ -186,7 +186,7 @@ def test_dispatch_log_is_the_boxed_paths(run_python):
 
 def test_fresh_result_is_a_plain_flagos_tensor():
     # A native kernel's fresh result becomes the flagos result in place (its TensorImpl and storage
-    # relabelled, csrc/ops/aliasing.cpp): it must be indistinguishable from a tensor made on flagos.
+    # relabelled, csrc/ops/routes/native_call.cpp): it must be indistinguishable from a tensor made on flagos.
     a = torch.randn(8, 4, device="flagos")
     before = unboxed()
     r = torch.index_select(a, 0, torch.tensor([1, 3], device="flagos"))

@@ -11,7 +11,7 @@
 #include <torch/version.h>
 #include <mutex>
 
-#include "ops/aliasing.h"
+#include "ops/routes/native_call.h"
 #include "python/bindings.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"

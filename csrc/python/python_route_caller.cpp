@@ -21,9 +21,9 @@
 #include <memory>
 #include <unordered_map>
 
-#include "ops/aliasing.h"
-#include "ops/python_route.h"
-#include "ops/router.h"
+#include "ops/routes/native_boxed.h"
+#include "ops/routes/python.h"
+#include "ops/routing/router.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;

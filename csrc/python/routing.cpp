@@ -5,9 +5,10 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 
-#include "ops/fallback.h"
-#include "ops/op_entry.h"
-#include "ops/router.h"
+#include "ops/routes/dispatch.h"
+#include "ops/routes/entry_kernels.h"
+#include "ops/routing/explain.h"
+#include "ops/routing/router.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;

@@ -1,4 +1,6 @@
-#include "ops/aliasing.h"
+// The native route's pipeline (ops/routes/native_call.h): AliasScope, everything aliased for one call so
+// that its results can be mapped back, and NativeCall around it.
+#include "ops/routes/native_call.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
@@ -9,25 +11,17 @@
 #include <new>
 #include <typeinfo>
 
-#include "ops/alias_memory.h"
+#include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
-#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
-#include "runtime/native_device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
 namespace {
 
-using namespace alias_memory;  // the memory half of this file's aliasing (ops/alias_memory.h)
-
-bool is_optional_generator(const c10::Argument& arg) {
-  const c10::TypePtr& type = arg.type();
-  if (type->kind() != c10::TypeKind::OptionalType) return false;
-  return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
-}
+using namespace native_memory;  // the memory half of the aliasing (ops/routes/native_memory.h)
 
 // Copies take tensors of different devices (flagos and cuda, say); every other op wants them on one.
 bool takes_mixed_devices(const c10::OperatorName& name) {
@@ -52,24 +46,18 @@ struct SharedResult {
   c10::Storage native;
 };
 
-// How a scope's call runs, which decides what the scope must hold.
-enum class ScopeKind {
-  kUnboxedKernel,  // a native kernel called unboxed: the caller holds every argument through the call
-  kBoxedKernel,    // a native kernel on an IValue stack, whose argument slots the aliases replace
-  kPython,         // Python code (python and flaggems routes), which may keep what it is given
-};
-
 // Everything aliased for one call, so that outputs can be mapped back.
 class AliasScope {
  public:
-  AliasScope(c10::DeviceType native_type, ScopeKind kind, bool same_device)
+  // What the scope holds follows the call's kind (NativeCall::Kind).
+  AliasScope(c10::DeviceType native_type, NativeCall::Kind kind, bool same_device)
       : native_type_(native_type),
-        recycler_(kind == ScopeKind::kPython ? nullptr : &AliasRecycler::local()),
-        hold_args_(kind != ScopeKind::kUnboxedKernel),
+        recycler_(kind == NativeCall::kPython ? nullptr : &AliasRecycler::local()),
+        hold_args_(kind != NativeCall::kUnboxedKernel),
         same_device_(same_device) {}
-  // For a boxed call of `op`: its tensors on one device unless it is a copy (asked only when they are not,
-  // which spares every other call the name comparisons).
-  AliasScope(c10::DeviceType native_type, ScopeKind kind, const c10::OperatorName& op)
+  // For a call of `op`: its tensors on one device unless it is a copy (asked only when they are not, which
+  // spares every other call the name comparisons).
+  AliasScope(c10::DeviceType native_type, NativeCall::Kind kind, const c10::OperatorName& op)
       : AliasScope(native_type, kind, /*same_device=*/true) {
     op_ = &op;
   }
@@ -256,33 +244,33 @@ class AliasScope {
     return device_.has_value() ? *device_ : c10::Device(kFlagos, runtime::current_device());
   }
 
-  // A result the kernel allocated itself. Its memory is flagos memory when flagos is backed (the pool both
-  // use) and, on the simulated accelerator, when the host kernel allocated it inside the route's
-  // HostKernelAllocations scope (flagos memory labelled CPU): it becomes a flagos storage's memory as it
-  // is, moved when nothing else holds it, else borrowed. Anything else on sim (CPU memory that a thread
-  // pool worker allocated, a CPU argument returned) is not HAL memory, so its values are copied.
+  // A result the kernel allocated itself. Its memory is flagos memory when the native device allocates from
+  // flagos's pool (backed) and, with host kernels, when the kernel allocated it inside the call's
+  // HostKernelAllocations scope (flagos memory labelled CPU): it becomes a flagos storage's memory as it is,
+  // moved when nothing else holds it, else borrowed. Anything else from a host kernel (CPU memory that a
+  // thread pool worker allocated, a CPU argument returned) is not flagos memory, so its values are copied.
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
-    const c10::Storage& native = out.storage();
-    if (runtime::native_device().host_kernels && !holds_flagos_memory(native)) {
+    const c10::Storage& storage = out.storage();
+    if (native().host_kernels && !holds_flagos_memory(storage)) {
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
       result.copy_(out);
       return result;
     }
-    const c10::Device device = flagos_device_of(native, flagos_target());
-    if (can_take_memory(native, /*holders=*/1) && can_relabel(out)) {
+    const c10::Device device = flagos_device_of(storage, flagos_target());
+    if (can_take_memory(storage, /*holders=*/1) && can_relabel(out)) {
       relabel_as_flagos_tensor(out, device);
       return movable != nullptr ? std::move(*movable) : out;
     }
     c10::Storage flagos;
-    if (can_take_memory(native, /*holders=*/1)) {
-      const size_t nbytes = native.nbytes();
-      flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(native, device),
-                            runtime::device_allocator(), /*resizable=*/true);
+    if (can_take_memory(storage, /*holders=*/1)) {
+      const size_t nbytes = storage.nbytes();
+      flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(storage, device),
+                            native().flagos_allocator, /*resizable=*/true);
     } else {
       // Shared (several outputs view it): borrow it, and remember it so the other outputs map onto it.
-      flagos = borrowed_storage(native, device, runtime::device_allocator());
-      shared_results_.push_back({flagos, native});
+      flagos = borrowed_storage(storage, device, native().flagos_allocator);
+      shared_results_.push_back({flagos, storage});
     }
     return tensor_over(std::move(flagos), kFlagos, out);
   }
@@ -305,7 +293,7 @@ class AliasScope {
     c10::DataPtr memory = take_memory(out.storage(), device);
     storage->set_data_ptr_noswap(std::move(memory));
     storage->set_nbytes(nbytes);
-    storage->set_allocator(route_facts().flagos_allocator);
+    storage->set_allocator(native().flagos_allocator);
     storage->set_resizable(true);
     c10::TensorImpl* impl = out.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(out.storage());  // the device follows the relabelled memory
@@ -342,82 +330,11 @@ class AliasScope {
   c10::SmallVector<SharedResult, 1> shared_results_;
 };
 
-// The device a guard around a native call sets: the backing device itself when flagos is backed (the
-// same device as the flagos one, set through the backing guard without the flagos guard's indirection),
-// else the flagos device (its HAL device for host kernels' allocations).
-std::optional<c10::Device> guard_device_for(const std::optional<c10::Device>& device) {
-  if (!device.has_value() || device->type() != kFlagos || runtime::native_device().host_kernels)
-    return device;
-  return c10::Device(runtime::native_device().type, device->index());
-}
-
-void sync_before_native_kernel(const std::optional<c10::Device>& device, c10::DeviceType native_type) {
-  if (device.has_value() && native_type == c10::DeviceType::CPU) {
-    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
-    const c10::Stream stream = runtime::current_stream(device->index());
-    runtime::synchronize_stream(stream);
-  }
-}
-
 }  // namespace
 
-c10::DeviceType native_device_type() {
-  return runtime::native_device().type;
-}
-
-at::Tensor alias_as_native(const at::Tensor& flagos) {
-  TORCH_CHECK(flagos.device().type() == kFlagos, "expected a flagos tensor, got one on ", flagos.device());
-  const c10::DeviceType type = native_device_type();
-  return tensor_over(
-      borrowed_storage(flagos.storage(), native_device_for(flagos.storage(), type), c10::GetAllocator(type)),
-      type, flagos);
-}
-
-at::Tensor adopt_native(const at::Tensor& native) {
-  const c10::DeviceType type = native_device_type();
-  TORCH_CHECK(native.device().type() == type, "expected a tensor on the flagos accelerator's native device (",
-              c10::DeviceTypeName(type, true), "), got one on ", native.device());
-  const c10::Device device(kFlagos, native.device().index());
-  return tensor_over(borrowed_storage(native.storage(), device, runtime::device_allocator()), kFlagos,
-                     native);
-}
-
-void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                            const std::function<void(torch::jit::Stack*)>& run, NativeCall call) {
-  const auto& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  const c10::DeviceType native_type = native_device_type();
-  AliasScope scope(native_type, call == NativeCall::kKernel ? ScopeKind::kBoxedKernel : ScopeKind::kPython,
-                   schema.operator_name());
-  auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-  for (auto it = args_begin; it != stack->end(); ++it) *it = scope.alias_value(*it);
-  for (size_t i = 0; i < num_args; ++i) {
-    c10::IValue& arg = *(args_begin + static_cast<std::ptrdiff_t>(i));
-    if (arg.isNone() && is_optional_generator(schema.arguments()[i])) arg = scope.default_generator();
-  }
-
-  c10::OptionalDeviceGuard guard(guard_device_for(scope.device()));
-  sync_before_native_kernel(scope.device(), native_type);
-  try {
-    // Host kernels allocate flagos memory (labelled CPU) for their outputs, which are then adopted as they
-    // are; their temporaries go back to the flagos cache. Nothing when backed, nor for Python code, whose
-    // CPU tensors (a .cpu() copy, a cached tensor) must stay host memory.
-    std::optional<runtime::HostKernelAllocations> host_kernel_allocations;
-    if (call == NativeCall::kKernel) host_kernel_allocations.emplace();
-    run(stack);
-  } catch (c10::Error& e) {
-    e.add_context(std::string("while running ") + schema.operator_name().name +
-                  (schema.overload_name().empty() ? "" : "." + schema.overload_name()) + " on flagos");
-    throw;
-  }
-  const size_t num_returns = schema.returns().size();
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
-    *it = scope.adopt_value(*it);
-  }
-}
-
-// ---- NativeAliases: AliasScope for unboxed callers --------------------------------------------------------
-static_assert(sizeof(AliasScope) <= NativeAliases::kScopeBytes, "NativeAliases::kScopeBytes is too small");
+// ---- NativeCall: an AliasScope in place, and the call around it
+// ---------------------------------------------
+static_assert(sizeof(AliasScope) <= NativeCall::kScopeBytes, "NativeCall::kScopeBytes is too small");
 static_assert(alignof(AliasScope) <= alignof(std::max_align_t));
 
 namespace {
@@ -427,54 +344,104 @@ AliasScope& scope_in(unsigned char* buffer) {
 const AliasScope& scope_in(const unsigned char* buffer) {
   return *std::launder(reinterpret_cast<const AliasScope*>(buffer));
 }
+
+// Host-kernel allocations are flagos memory only for kernels: Python code's CPU tensors (a .cpu() copy, a
+// cached tensor) must stay host memory.
+bool host_allocations_for(NativeCall::Kind kind) {
+  return kind != NativeCall::kPython && native().host_kernels;
+}
 }  // namespace
 
-NativeAliases::NativeAliases(bool same_device) {
-  new (scope_) AliasScope(route_facts().native_type, ScopeKind::kUnboxedKernel, same_device);
+NativeCall::NativeCall(Kind kind, bool same_device)
+    : kind_(kind), host_allocations_(host_allocations_for(kind)) {
+  new (scope_) AliasScope(native().type, kind, same_device);
 }
 
-NativeAliases::~NativeAliases() {
+NativeCall::NativeCall(Kind kind, const c10::OperatorName& op)
+    : kind_(kind), host_allocations_(host_allocations_for(kind)) {
+  new (scope_) AliasScope(native().type, kind, op);
+}
+
+NativeCall::~NativeCall() {
+  guard_.reset();  // the device first, then the aliases
   scope_in(scope_).~AliasScope();
 }
 
-const at::Tensor& NativeAliases::alias(const at::Tensor& t) {
+const at::Tensor& NativeCall::alias(const at::Tensor& t) {
   return scope_in(scope_).alias(t);
 }
 
-std::optional<at::Generator> NativeAliases::generator(const std::optional<at::Generator>& gen) {
+c10::IValue NativeCall::alias_value(const c10::IValue& v) {
+  return scope_in(scope_).alias_value(v);
+}
+
+c10::IValue NativeCall::default_generator() const {
+  return scope_in(scope_).default_generator();
+}
+
+std::optional<at::Generator> NativeCall::generator(const std::optional<at::Generator>& gen) {
   AliasScope& scope = scope_in(scope_);
   const c10::IValue native = gen.has_value() ? scope.alias_value(*gen) : scope.default_generator();
   if (native.isNone()) return std::nullopt;
   return native.toGenerator();
 }
 
-c10::Device NativeAliases::device_arg(c10::Device d) {
+c10::Device NativeCall::device_arg(c10::Device d) {
   return scope_in(scope_).alias_value(d).toDevice();
 }
 
-std::optional<c10::Device> NativeAliases::device() const {
+std::optional<c10::Device> NativeCall::device() const {
   return scope_in(scope_).device();
 }
 
-std::optional<c10::Device> NativeAliases::guard_device() const {
-  // Backed: the native kernels of the unboxed ops set their device themselves (none of them is
-  // `device_guard: False`, tests/test_unboxed.py checks), and their fresh outputs land on their tensors'
-  // device, so a guard of our own would only repeat theirs (two runtime calls per op).
-  if (!runtime::native_device().host_kernels) return std::nullopt;
-  return guard_device_for(device());
+void NativeCall::enter() {
+  const std::optional<c10::Device> device = scope_in(scope_).device();
+  if (!device.has_value()) return;
+  if (native().host_kernels) {
+    guard_.emplace(*device);
+    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
+    const c10::Stream stream = runtime::current_stream(device->index());
+    runtime::synchronize_stream(stream);
+    return;
+  }
+  // Device kernels: the native device itself, set through its own guard (NativeCall::Kind says when).
+  if (kind_ == kUnboxedKernel) return;
+  guard_.emplace(device->type() == kFlagos ? c10::Device(native().type, device->index()) : *device);
 }
 
-void NativeAliases::enter() const {
-  if (!runtime::native_device().host_kernels) return;
-  sync_before_native_kernel(device(), route_facts().native_type);
+void NativeCall::add_context(c10::Error& e, const char* name, const char* overload) {
+  e.add_context(std::string("while running ") + name +
+                (overload[0] == '\0' ? "" : std::string(".") + overload) + " on flagos");
 }
 
-at::Tensor NativeAliases::adopt(at::Tensor&& native) {
+at::Tensor NativeCall::adopt(at::Tensor&& native) {
   return scope_in(scope_).adopt(std::move(native));
 }
 
-c10::TensorImpl* NativeAliases::adopt_argument(const at::Tensor& native) {
+c10::TensorImpl* NativeCall::adopt_argument(const at::Tensor& native) {
   return scope_in(scope_).adopt_argument(native);
+}
+
+c10::IValue NativeCall::adopt_value(const c10::IValue& v) {
+  return scope_in(scope_).adopt_value(v);
+}
+
+at::Tensor alias_as_native(const at::Tensor& flagos) {
+  TORCH_CHECK(flagos.device().type() == kFlagos, "expected a flagos tensor, got one on ", flagos.device());
+  const c10::DeviceType type = native().type;
+  return tensor_over(
+      borrowed_storage(flagos.storage(), native_device_for(flagos.storage(), type), c10::GetAllocator(type)),
+      type, flagos);
+}
+
+at::Tensor adopt_native(const at::Tensor& native_tensor) {
+  const c10::DeviceType type = native().type;
+  TORCH_CHECK(native_tensor.device().type() == type,
+              "expected a tensor on the flagos accelerator's native device (",
+              c10::DeviceTypeName(type, true), "), got one on ", native_tensor.device());
+  const c10::Device device(kFlagos, native_tensor.device().index());
+  return tensor_over(borrowed_storage(native_tensor.storage(), device, native().flagos_allocator), kFlagos,
+                     native_tensor);
 }
 
 }  // namespace flagos::ops

@@ -1,9 +1,8 @@
-// The one boxed PrivateUse1 fallback: every operator without a kernel of its own on flagos lands here,
-// asks the router for its backend and runs that route.
-#include "ops/fallback.h"
+// Route execution: the boxed PrivateUse1 fallback (every operator without a kernel of its own on flagos
+// lands there), run_route for each backend, and the per-backend call counters.
+#include "ops/routes/dispatch.h"
 
 #include <ATen/native/CPUFallback.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -11,16 +10,15 @@
 #include <mutex>
 #include <vector>
 
-#include "ops/aliasing.h"
-#include "ops/python_route.h"
-#include "runtime/native_device.h"
+#include "ops/routes/native_boxed.h"
+#include "ops/routes/python.h"
 
 namespace flagos::ops {
 namespace {
 
 // Routed-call counts, kept per thread: each counter is written by its own thread only, with a plain load and
-// store rather than an atomic read-modify-write (two locked increments per op were a measurable part of a
-// tiny op's route), and summed on read. A reset records each thread's current counts as its base.
+// store rather than an atomic read-modify-write (no locked instruction per op), and summed on read. A
+// reset records each thread's current counts as its base.
 constexpr int kUnboxedSlot = kNumBackends;
 constexpr int kCountSlots = kNumBackends + 1;
 
@@ -77,26 +75,12 @@ std::array<uint64_t, kCountSlots> call_counts() {
   return total;
 }
 
-void run_native(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::DispatchKeySet native_keys = native_dispatch_keys();
-  call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(native_keys, s); });
-}
-
 template <Backend B>
 void run_route_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_route(B, op, stack);
 }
 
 }  // namespace
-
-c10::DispatchKey native_dispatch_key() {
-  return runtime::native_device().key;
-}
-
-c10::DispatchKeySet native_dispatch_keys() {
-  static const c10::DispatchKeySet keys(native_dispatch_key());
-  return keys;
-}
 
 const c10::BoxedKernel& route_kernel(Backend backend) {
   static const c10::BoxedKernel kernels[kNumBackends] = {
@@ -122,7 +106,7 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
   thread_calls().bump(static_cast<int>(backend));
   switch (backend) {
     case Backend::kNative:
-      run_native(op, stack);
+      run_native_boxed(op, stack);
       return;
     case Backend::kCpu:
       at::native::cpu_fallback(op, stack);
@@ -152,10 +136,6 @@ void reset_backend_call_counts() {
   for (ThreadCalls* t : r.threads) {
     for (int k = 0; k < kCountSlots; ++k) t->base[k] = t->counts[k].load(std::memory_order_relaxed);
   }
-}
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&routed_fallback>());
 }
 
 }  // namespace flagos::ops

@@ -10,4 +10,11 @@ namespace flagos::ops {
 // returns before it completes (the pinned block is kept alive until it does).
 void copy_between_devices(const at::Tensor& src, const at::Tensor& dst, bool non_blocking);
 
+namespace kernels {
+// The PrivateUse1 kernels of aten::_copy_from and _copy_from_and_resize (ops/registration.cpp), which
+// torch's copy_ composite calls when a flagos tensor is involved.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+}  // namespace kernels
+
 }  // namespace flagos::ops

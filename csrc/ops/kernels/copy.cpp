@@ -1,11 +1,12 @@
-#include "ops/copy.h"
+// flagos's copies (ops/kernels/copy.h): on host kernels, HAL copies ordered on flagos streams; on device
+// kernels (backed), the native device's own copy on aliases.
+#include "ops/kernels/copy.h"
 
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
-#include <torch/library.h>
 
-#include "ops/aliasing.h"
+#include "ops/routes/native_call.h"
 #include "runtime/hal/hal_streams.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
@@ -122,16 +123,18 @@ void write_to_device(const at::Tensor& logical_values, const at::Tensor& dst) {
 
 void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
-  if (!runtime::native_device().host_kernels) {
-    // The backing device type's own copy on aliases: its streams (flagos's), pinned non_blocking copies
-    // fenced by its host allocator, conversions and peer copies on the device, no host staging.
-    // The outer copy_ on flagos tensors has been through autograd and the version counter already: the
-    // native copy_ is redispatched to the backing key directly. Aliases of one flagos storage share one
-    // native storage, so the native copy's overlap checks see what they would see on the native device.
-    NativeAliases aliases(/*same_device=*/false);
-    at::Tensor native_dst = aliases.alias(dst);
-    const at::Tensor native_src = aliases.alias(src_in);
-    at::_ops::copy_::redispatch(runtime::native_device().keys, native_dst, native_src, non_blocking);
+  const runtime::NativeDevice& native = runtime::native_device();
+  if (!native.host_kernels) {
+    // The native device's own copy on aliases (backed: flagos memory is its memory): its streams
+    // (flagos's), pinned non_blocking copies fenced by its host allocator, conversions and peer copies on
+    // the device, no host staging. The outer copy_ on flagos tensors has been through autograd and the
+    // version counter already: the native copy_ is redispatched to the native key directly. Aliases of one
+    // flagos storage share one native storage, so the native copy's overlap checks see what they would see
+    // on the native device. Not NativeCall::run: no guard, sync or error context of ours around it.
+    NativeCall call(NativeCall::kUnboxedKernel, /*same_device=*/false);
+    at::Tensor native_dst = call.alias(dst);
+    const at::Tensor native_src = call.alias(src_in);
+    at::_ops::copy_::redispatch(native.keys, native_dst, native_src, non_blocking);
     return;
   }
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);
@@ -155,7 +158,7 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
   }
 }
 
-namespace {
+namespace kernels {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   copy_between_devices(self, dst, non_blocking);
@@ -168,23 +171,5 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return dst;
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-}
-
-// The copies resolve conjugate and negative view bits themselves. Without these fallthroughs the
-// Conjugate/Negative fallbacks would materialise the source with clone(), which copies through
-// _copy_from again: an endless recursion.
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, Negative, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
-
-}  // namespace
+}  // namespace kernels
 }  // namespace flagos::ops

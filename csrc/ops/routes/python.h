@@ -8,9 +8,9 @@
 namespace flagos::ops {
 
 // Runs one call of `op` on the python route: aliases the flagos arguments on `stack` as native-device
-// tensors (call_on_native_aliases), calls the Python implementation the router chose with them and leaves
-// its adopted results there. Installed by the Python bindings, which take the GIL once around all of it;
-// raises if none is installed.
+// tensors (call_on_native_aliases, ops/routes/native_boxed.h), calls the Python implementation the router
+// chose with them and leaves its adopted results there. Installed by the Python bindings, which take the GIL
+// once around all of it; raises if none is installed.
 using PythonRouteRunner = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void set_python_route_runner(PythonRouteRunner runner);
 void run_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack);

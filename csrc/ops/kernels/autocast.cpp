@@ -1,11 +1,11 @@
 // torch.autocast("flagos"): the same op policies torch applies to CUDA (lower precision for matmul-like
-// ops, fp32 for numerically sensitive ones, type promotion for mixed ops), registered for
-// AutocastPrivateUse1. Ops without a policy fall through to the next dispatch key.
-#include <ATen/autocast_mode.h>
-#include <torch/library.h>
+// ops, fp32 for numerically sensitive ones, type promotion for mixed ops), as AutocastPrivateUse1 kernels
+// (ops/kernels/autocast.h). Ops without a policy fall through to the next dispatch key (registration.cpp).
+#include "ops/kernels/autocast.h"
 
-namespace flagos::ops {
-namespace {
+#include <ATen/autocast_mode.h>
+
+namespace flagos::ops::kernels {
 
 using at::Tensor;
 using at::autocast::CastPolicy;
@@ -23,11 +23,7 @@ using std::vector;
 #define FLAGOS_KERNEL_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
 #define FLAGOS_KERNEL_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+void add_autocast_policies(torch::Library& m) {
   AT_FORALL_LOWER_PRECISION_FP(FLAGOS_KERNEL_LOWER_PRECISION_FP)
   AT_FORALL_FP32(FLAGOS_KERNEL_FP32)
   AT_FORALL_FP32_SET_OPT_DTYPE(FLAGOS_KERNEL_FP32_SET_OPT_DTYPE)
@@ -35,5 +31,4 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_PROMOTE(FLAGOS_KERNEL_PROMOTE)
 }
 
-}  // namespace
-}  // namespace flagos::ops
+}  // namespace flagos::ops::kernels

@@ -1,7 +1,7 @@
-// The memory side of the native route's aliasing (ops/aliasing.cpp): the per-process facts the route
-// reads on every call, the helpers that make native-device views of flagos memory and hand native memory
-// over to flagos, and the per-thread free list of native aliases. Internal to ops/aliasing.cpp; inline,
-// as they run on every native-route call.
+// The memory side of the native route's aliasing (ops/routes/native_call.cpp): the native device's facts,
+// the helpers that make native-device views of flagos memory and hand native memory over to flagos, and
+// the per-thread free list of native aliases. Internal to the native route; inline, as they run on every
+// native-route call.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,33 +19,21 @@
 #include "runtime/borrowed_memory.h"
 #include "runtime/native_device.h"
 
-namespace flagos::ops::alias_memory {
+namespace flagos::ops::native_memory {
 
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
-// What a native-route call asks several times and that never changes once the accelerator is chosen: read
-// from here, not asked of the runtime (each an out-of-line call, the deleter two virtual ones) per call.
-// Made on the first call that aliases, when the accelerator is in use (its deleter needs the backing
-// allocator initialised).
-struct RouteFacts {
-  c10::DeviceType native_type;
-  c10::Allocator* native_allocator;  // what a native alias's storage grows with
-  c10::Allocator* flagos_allocator;
-  c10::DeleterFnPtr flagos_deleter;  // flagos memory's (the backing allocator's when backed)
-};
-
-inline const RouteFacts& route_facts() {
-  static const RouteFacts facts = [] {
-    const runtime::NativeDevice& native = runtime::native_device();
-    return RouteFacts{native.type, native.allocator, native.flagos_allocator, native.flagos_deleter};
-  }();
-  return facts;
+// The native device's facts (runtime/native_device.h), read on every native-route call: a function-local
+// reference rather than an out-of-line runtime call each time. Ask once the accelerator is in use.
+inline const runtime::NativeDevice& native() {
+  static const runtime::NativeDevice& device = runtime::native_device();
+  return device;
 }
 
-// The dense dispatch key of tensors of device type `type`.
+// The dense dispatch key of tensors of device type `type` (flagos, the native device, or the CPU).
 inline c10::DispatchKey dense_key(c10::DeviceType type) {
   if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
-  return type == runtime::native_device().type ? runtime::native_device().key : c10::DispatchKey::CPU;
+  return type == native().type ? native().key : c10::DispatchKey::CPU;
 }
 
 // A tensor of device type `type` with t's dtype, geometry and conjugate/negative bits over `storage`.
@@ -71,10 +59,10 @@ inline c10::Device native_device_for(const c10::Storage& storage, c10::DeviceTyp
   return c10::Device(type, type == c10::DeviceType::CPU ? -1 : storage.device().index());
 }
 
-// Whether native storage `s` holds flagos memory: from the backing allocator (backed), or handed to a host
-// kernel by the flagos allocator (simulated accelerator, runtime::HostKernelAllocations).
+// Whether native storage `s` holds flagos memory: the native device's allocator's when that is flagos's
+// pool (backed), or handed to a host kernel by the flagos allocator (runtime::HostKernelAllocations).
 inline bool holds_flagos_memory(const c10::Storage& s) {
-  return s.data_ptr().get_deleter() == route_facts().flagos_deleter;
+  return s.data_ptr().get_deleter() == native().flagos_deleter;
 }
 
 // Whether native storage `s` holds flagos memory that nothing else references (`holders` references are
@@ -83,8 +71,8 @@ inline bool can_take_memory(const c10::Storage& s, size_t holders) {
   return static_cast<size_t>(s.use_count()) <= holders && holds_flagos_memory(s);
 }
 
-// The flagos device of flagos memory held by native storage `s`: the backing device's index, or the
-// device the flagos allocator handed the block out on (host-kernel memory is labelled CPU).
+// The flagos device of flagos memory held by native storage `s` (host-kernel memory is labelled CPU), or
+// `fallback` for memory that is not flagos's.
 inline c10::Device flagos_device_of(const c10::Storage& s, c10::Device fallback) {
   return c10::Device(kFlagos, runtime::flagos_memory_device(s.data_ptr()).value_or(fallback.index()));
 }
@@ -99,8 +87,8 @@ inline c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
 }
 
 // Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its
-// version counter, StorageImpl), made and freed for every tensor argument of every native-route call: a
-// good part of what the route adds to a tiny op. A recycled one is a handful of stores. Only aliases that
+// version counter, StorageImpl), made and freed for every tensor argument of every native-route call; a
+// recycled one is a handful of stores. Only aliases that
 // nothing references after the call come back (one a kernel kept stays the kernel's), and they come back
 // with their storage emptied, so a free alias holds no flagos memory. Used for calls of native kernels
 // only: Python code could tie a Python object to an alias.
@@ -120,7 +108,7 @@ class AliasRecycler {
   at::Tensor alias_of(const at::Tensor& t, c10::DeviceType type) {
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
-    c10::Allocator* allocator = route_facts().native_allocator;
+    c10::Allocator* allocator = native().allocator;
     c10::DataPtr memory = runtime::borrow_for_call(storage, device);
     if (free_.empty() || type_ != type) {
       return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
@@ -178,4 +166,4 @@ class AliasRecycler {
   c10::SmallVector<at::Tensor, kCapacity> free_;
 };
 
-}  // namespace flagos::ops::alias_memory
+}  // namespace flagos::ops::native_memory

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/router.h"
-#include "ops/router_internal.h"
+#include "ops/routing/router.h"
+#include "ops/routing/state.h"
 
 namespace flagos::ops {
 namespace {

@@ -1,5 +1,7 @@
-// The router: which backend runs each operator call that reaches it, through the PrivateUse1 fallback or
-// the router's kernel registered for composite ops a rule names (ops/op_entry.h).
+// The router: which backend runs each operator call that reaches it, through the PrivateUse1 fallback, an
+// unboxed kernel, or the router's kernel registered for composite ops a rule names
+// (ops/routes/entry_kernels.h). Its files: cache.cpp (the lock-free cache), rules.cpp (rule layers and
+// resolution), backends.cpp (Python and FlagGems implementations), config.cpp, names.cpp, and explain.h.
 //
 // A route is chosen per operator overload (`aten::mm`, `aten::add.Tensor`). Precedence, lowest first:
 // the built-in default chain (native if the native device has a kernel, else cpu) < the config file
@@ -46,11 +48,6 @@ inline Backend route_for(const c10::OperatorHandle& op) {
 // Whether a Python implementation is registered for an op.
 bool has_python_impl(const c10::OperatorName& name);
 
-// For the python route: the registered callable (borrowed, nullptr if none). The registry keeps every
-// callable it was ever given alive for the life of the process (replaced ones included), so the pointer
-// stays valid without holding the GIL; take a reference under the GIL before calling it.
-PyObject* python_impl(const c10::OperatorName& name);
-
 // ---- The flaggems backend --------------------------------------------------------------------------------
 // FlagGems is loaded on first need, not at import: the first resolution of an op whose winning rule asks
 // for flaggems (route_for, explain, table) calls the loader, outside the router's lock, and then resolves
@@ -68,13 +65,14 @@ void set_flaggems_available(bool available, const std::string& reason);
 FlagGemsState flaggems_state();
 std::string flaggems_unavailable_reason();
 // Registers (or, with nullptr, removes) FlagGems' implementation of an op, owned forever like a Python
-// implementation (see python_impl). Returns the op's canonical name.
+// implementation (see set_python_impl). Returns the op's canonical name.
 std::string set_flaggems_impl(const std::string& op, PyObject* impl);
-PyObject* flaggems_impl(const c10::OperatorName& name);
 std::vector<std::string> flaggems_ops();  // canonical names with an implementation, sorted
 
 // For the python route, which serves both the flaggems and the python backends: the implementation for
-// the backend the router chooses for `op` now (borrowed, nullptr if none; see python_impl).
+// the backend the router chooses for `op` now (borrowed, nullptr if none). The registry keeps every
+// callable it was ever given alive for the life of the process (replaced ones included), so the pointer
+// stays valid without holding the GIL; take a reference under the GIL before calling it.
 PyObject* routed_impl(const c10::OperatorHandle& op);
 
 // The version route() validates its cache against; every change that can alter a route or an
@@ -110,7 +108,7 @@ struct ConfigEntry {
 
 // Parses a config file and its includes, in order (later entries win when applied). Throws
 // c10::ValueError "<file>:<line>: <problem>" for syntax errors, unknown ops or backends, missing
-// includes and include cycles. route_config.cpp.
+// includes and include cycles. config.cpp.
 std::vector<ConfigEntry> parse_config_file(const std::string& path);
 
 // Import-time set-up from torch_fl/routing.py: where the package's default configs live, the config
@@ -138,24 +136,17 @@ uint64_t push_override(const std::vector<std::pair<std::string, std::string>>& m
 void pop_override(uint64_t token);
 
 // Registers (or, with nullptr, removes) the Python implementation of an op. `impl` is a new reference
-// that the registry owns forever (see python_impl). Returns the op's canonical name.
+// that the registry owns forever (see routed_impl). Returns the op's canonical name.
 std::string set_python_impl(const std::string& op, PyObject* impl);
 
 // The effective backend for an op (as route_for would return it; warns like route_for on fall-through).
 Backend effective_backend(const std::string& op);
 
-// "aten::mm -> cpu (env FLAGOS_OP_mm)", with shadowed rules and fall-through notes.
-std::string explain(const std::string& op);
-
-// Every op with an explicit route in some layer: its effective backend, the backend its winning rule asked
-// for, and that rule's source ("config /p/x.conf:3", "env FLAGOS_OP_mm", "api", "override").
-struct TableRow {
-  std::string op;
-  Backend backend;
-  Backend requested;
-  std::string source;
-};
-std::vector<TableRow> routing_table();
+// Called for each op a new rule names, before the rule is installed (from the thread making the rule):
+// how calls of an op that a composite kernel would keep from the router come to reach it
+// (ops/registration.cpp installs ensure_routed_kernel). Set once, at load.
+using RuleListener = void (*)(const c10::OperatorHandle& op);
+void set_rule_listener(RuleListener listener);
 
 // Canonical name of an op: "aten::mm", "aten::add.Tensor".
 std::string op_display_name(const c10::OperatorName& name);

@@ -1,6 +1,6 @@
 // Which kernel flagos runs for an operator, and the kernels that route ops a composite kernel would
-// otherwise keep from the router (see ops/op_entry.h).
-#include "ops/op_entry.h"
+// otherwise keep from the router (see ops/routes/entry_kernels.h).
+#include "ops/routes/entry_kernels.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -15,12 +15,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ops/attention.h"
-#include "ops/fallback.h"
-#include "ops/fast_ops.h"
-#include "ops/router.h"
-#include "runtime/native_device.h"
-#include "runtime/setup.h"
+#include "ops/routes/dispatch.h"
+#include "ops/routes/native_unboxed.h"
+#include "ops/routing/router.h"
 
 namespace flagos::ops {
 namespace {
@@ -49,26 +46,10 @@ constexpr const char* kBuiltinOps[] = {
     "mse_loss",
 };
 
-// Composite ops routed directly when backed although the backing type has no kernel of its own for them:
-// copy_'s composite only checks its arguments and calls flagos's _copy_from, which runs the backing copy_
+// Composite ops routed directly when backed although the native device has no kernel of its own for them:
+// copy_'s composite only checks its arguments and calls flagos's _copy_from, which runs the native copy_
 // (the same composite, on aliases); routed directly, one copy_ on aliases is all a copy costs.
 constexpr const char* kBackedDirectComposites[] = {"copy_"};
-
-// The kernel that routes every call of `name`: its unboxed one (ops/fast_ops.h) where it has one, else the
-// boxed fallback's.
-torch::CppFunction routing_kernel(const c10::OperatorName& name) {
-  const FastOp* fast = find_fast_op(name);
-  return fast != nullptr ? fast->kernel() : torch::CppFunction::makeFromBoxedFunction<&routed_fallback>();
-}
-
-c10::OperatorName aten_name(const std::string& s) {
-  const auto dot = s.find('.');
-  return c10::OperatorName("aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1));
-}
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* name : kBuiltinOps) m.impl(name, routing_kernel(aten_name(name)));
-}
 
 bool is_builtin(const c10::OperatorName& name) {
   static const std::unordered_set<c10::OperatorName>* builtin = [] {
@@ -77,15 +58,6 @@ bool is_builtin(const c10::OperatorName& name) {
     return names;
   }();
   return builtin->count(name) != 0;
-}
-
-// The composite kernel the dispatcher would use for PrivateUse1, in its order of precedence.
-std::optional<DispatchKey> composite_key(const c10::OperatorHandle& op) {
-  for (DispatchKey key : {DispatchKey::CompositeExplicitAutogradNonFunctional,
-                          DispatchKey::CompositeExplicitAutograd, DispatchKey::CompositeImplicitAutograd}) {
-    if (op.hasKernelForDispatchKey(key)) return key;
-  }
-  return std::nullopt;
 }
 
 // PrivateUse1 kernel of an op routed because a rule named it. Without a rule (it was removed) the op runs
@@ -174,23 +146,36 @@ OpEntry entry_locked(const Registry& r, const c10::OperatorHandle& op) {
   return OpEntry::kFallback;
 }
 
-// "aten::mm.out" for an op whose composite kernel probably calls it.
-std::string probable_out_overload(const c10::OperatorName& name) {
-  std::string base = name.name;
-  while (!base.empty() && base.back() == '_') base.pop_back();
-  const c10::OperatorName out(base, "out");
-  if (out == name || !c10::Dispatcher::singleton().findSchema(out).has_value()) return "";
-  return op_display_name(out);
+}  // namespace
+
+std::optional<DispatchKey> composite_key(const c10::OperatorHandle& op) {
+  for (DispatchKey key : {DispatchKey::CompositeExplicitAutogradNonFunctional,
+                          DispatchKey::CompositeExplicitAutograd, DispatchKey::CompositeImplicitAutograd}) {
+    if (op.hasKernelForDispatchKey(key)) return key;
+  }
+  return std::nullopt;
 }
 
-// At load: the listed ops that would reach the fallback (no kernel of flagos, no composite) get their
-// unboxed kernel. Ops with a composite keep it here (on the simulated accelerator it allocates on flagos
-// and calls the `out` overload, which is zero-copy; a functional kernel's results would be copied);
-// route_backed_kernels_directly gives them theirs when backed.
-bool register_unboxed_fallback_kernels() {
+c10::OperatorName aten_name(const std::string& s) {
+  const auto dot = s.find('.');
+  return c10::OperatorName("aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1));
+}
+
+c10::ArrayRef<const char*> builtin_direct_ops() {
+  return kBuiltinOps;
+}
+
+torch::CppFunction routing_kernel(const c10::OperatorName& name) {
+  const UnboxedOp* unboxed = find_unboxed_op(name);
+  return unboxed != nullptr ? unboxed->kernel()
+                            : torch::CppFunction::makeFromBoxedFunction<&routed_fallback>();
+}
+
+// route_backed_kernels_directly gives the ops with a composite their kernel when backed.
+void register_unboxed_fallback_kernels() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (const FastOp& fast : fast_ops()) {
+  for (const UnboxedOp& fast : unboxed_ops()) {
     const c10::OperatorName name(fast.name, fast.overload);
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
     if (!op.has_value() || is_builtin(name) || op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
@@ -200,19 +185,13 @@ bool register_unboxed_fallback_kernels() {
     library_locked(r, "aten", DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), fast.kernel());
     r.unboxed_fallback.insert(name);
   }
-  return true;
 }
-
-// Static initialisation: libtorch's operators and kernels are registered before this library loads.
-[[maybe_unused]] const bool g_unboxed_registered = register_unboxed_fallback_kernels();
-
-}  // namespace
 
 std::vector<std::pair<std::string, OpEntry>> unboxed_kernel_ops() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::pair<std::string, OpEntry>> ops;
-  for (const FastOp& fast : fast_ops()) {
+  for (const UnboxedOp& fast : unboxed_ops()) {
     const c10::OperatorName name(fast.name, fast.overload);
     if (r.unboxed_fallback.count(name) != 0) {
       ops.emplace_back(op_display_name(name), OpEntry::kFallback);
@@ -247,7 +226,7 @@ void ensure_routed_kernel(const c10::OperatorHandle& op) {
   r.routed.insert(name);
 }
 
-size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
+size_t route_backed_kernels_directly(c10::DispatchKey native_key) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   size_t registered = 0;
@@ -255,7 +234,7 @@ size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
     if (!op.has_value() || entry_locked(r, *op) != OpEntry::kComposite) continue;
     const std::optional<DispatchKey> key = composite_key(*op);
-    if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(backing_key)) continue;
+    if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(native_key)) continue;
     const std::string ns = name.name.substr(0, name.name.find("::"));
     library_locked(r, ns, DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), routing_kernel(name));
     r.direct.insert(name);
@@ -272,51 +251,4 @@ size_t route_backed_kernels_directly(c10::DispatchKey backing_key) {
   return registered;
 }
 
-std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
-  const OpEntry entry = op_entry(op);
-  if (entry == OpEntry::kFallback || entry == OpEntry::kBuiltin) return "";
-  if (entry == OpEntry::kOwnKernel) {
-    const std::string table = op.dumpComputedTable();
-    const auto line = table.find("PrivateUse1: registered at ");
-    std::string where;
-    if (line != std::string::npos) {
-      const auto start = line + std::string("PrivateUse1: ").size();
-      where = " (" + table.substr(start, table.find(" [", start) - start) + ")";
-    }
-    return "flagos has a kernel of its own for it" + where + ", so its calls do not go through the router";
-  }
-  const std::optional<DispatchKey> composite = composite_key(op);
-  if (!composite.has_value()) return "";  // routed, then defined again without one: every call is routed
-  const DispatchKey key = *composite;
-  if (key == DispatchKey::CompositeImplicitAutograd) {
-    if (has_rule) {
-      return "it is CompositeImplicitAutograd: when autograd records a call (grad mode on and an input "
-             "requiring grad) it still decomposes into other ops, which are routed on their own";
-    }
-    return "no rule names it, so it is CompositeImplicitAutograd on flagos: it decomposes into other ops, "
-           "which are routed on their own";
-  }
-  if (has_rule && entry == OpEntry::kRouted) return "";
-  const std::string out = probable_out_overload(op.operator_name());
-  return std::string("no rule names it, so on flagos it runs its ") + c10::toString(key) +
-         " kernel, which calls other ops" + (out.empty() ? "" : " (probably " + out + ")") +
-         " that are routed on their own";
-}
-
-}  // namespace flagos::ops
-
-namespace flagos::ops {
-namespace {
-// Backed by a torch device type, the ops that device has kernels for are routed directly and its fused
-// attention kernels registered, once, when the device is first initialised (runtime/setup.h).
-void set_up_backed_kernels() {
-  if (runtime::native_device().host_kernels) return;
-  route_backed_kernels_directly(runtime::native_device().key);
-  register_backed_attention_kernels();
-}
-
-struct RegisterSetup {
-  RegisterSetup() { runtime::add_setup_step(&set_up_backed_kernels); }
-} register_setup;
-}  // namespace
 }  // namespace flagos::ops

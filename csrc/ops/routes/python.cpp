@@ -1,4 +1,4 @@
-#include "ops/python_route.h"
+#include "ops/routes/python.h"
 
 #include <atomic>
 

@@ -7,8 +7,8 @@
 #include <cctype>
 #include <unordered_map>
 
-#include "ops/router.h"
-#include "ops/router_internal.h"
+#include "ops/routing/router.h"
+#include "ops/routing/state.h"
 
 namespace flagos::ops {
 
@@ -27,6 +27,20 @@ std::string trim(const std::string& text) {
 bool is_identifier(const std::string& text) {
   if (text.empty()) return false;
   return std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kNative:
+      return "native";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kFlagGems:
+      return "flaggems";
+    case Backend::kPython:
+      return "python";
+  }
+  return "?";
 }
 
 std::optional<Backend> parse_backend(const std::string& text) {

@@ -1,22 +1,23 @@
-// Unboxed PrivateUse1 kernels for the hottest operators: the native route without the boxed fallback's
-// boxing (IValue stack, argument loop over the schema, redispatchBoxed and the native kernel's unboxing).
+// The native route's unboxed front end: PrivateUse1 kernels for the hottest operators that run the native
+// pipeline (ops/routes/native_call.h) on C++ arguments, without the boxed fallback's boxing (IValue stack,
+// argument loop over the schema, redispatchBoxed and the native kernel's unboxing).
 //
-// One template, FastKernel<Op>, over the `at::_ops::<op>` structs (their `schema` function type gives the
-// kernel's signature, `name`/`overload_name` the operator, `redispatch` the unboxed call into the native
-// kernel), so adding an op is one line in the list in fast_ops.cpp. A call:
+// One template, UnboxedKernel<Op>, over the `at::_ops::<op>` structs (their `schema` function type gives
+// the kernel's signature, `name`/`overload_name` the operator, `redispatch` the unboxed call into the
+// native kernel). Adding an op is a line in the list in native_unboxed.cpp plus its `<ATen/ops/..._ops.h>`
+// include there. A call:
 //   1. asks the router (the cached decision, a few ns). Anything but `native` takes exactly the boxed path:
 //      c10's BoxedKernelWrapper boxes the arguments and runs run_route on the chosen backend, as the
 //      fallback would (cpu, flaggems, python; an op without a native kernel is routed to cpu by then);
-//   2. otherwise aliases every flagos argument with the same AliasScope the boxed path uses
-//      (NativeAliases, ops/aliasing.h), sets the device guard, synchronises before host kernels, calls
-//      `Op::redispatch` on the native dispatch key (host kernels' outputs allocated as flagos memory), and
-//      adopts the results. Counters, the dispatch log (route() writes it) and the error context are the
-//      boxed path's.
+//   2. otherwise runs a NativeCall of kind kUnboxedKernel: each argument aliased (NativeArg), generators,
+//      then NativeCall::run around `Op::redispatch` on the native dispatch key, and the results adopted
+//      (Adopt). NativeCall::Kind says which device guard that sets and why. Counters, the dispatch log
+//      (route() writes it) and the error context are the boxed path's.
 // Results that are arguments (in-place, out=) are returned as the caller's own tensor objects, as the
 // dispatcher's boxed wrapper returns them.
 //
-// Which operators get these kernels, and when, is op_entry.cpp's business: the ones that would reach the
-// fallback at load, and in place of the router's boxed kernel where op_entry registers that.
+// Which operators get these kernels, and when, is ops/routes/entry_kernels.h's business: the ones that
+// would reach the fallback at load, and in place of the router's boxed kernel where it registers that.
 #pragma once
 
 #include <ATen/core/IListRef.h>
@@ -26,7 +27,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/copy_ops.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -37,25 +37,25 @@
 #include <utility>
 #include <vector>
 
-#include "ops/aliasing.h"
-#include "ops/fallback.h"
-#include "ops/router.h"
-#include "runtime/allocator.h"
+#include "ops/routes/dispatch.h"
+#include "ops/routes/native_call.h"
+#include "ops/routes/native_memory.h"
+#include "ops/routing/router.h"
 
 namespace flagos::ops {
 
 // One entry of the list: the operator and a factory of its unboxed kernel.
-struct FastOp {
+struct UnboxedOp {
   const char* name;      // "aten::add"
   const char* overload;  // "out", or "" for the default overload
   torch::CppFunction (*kernel)();
 };
 
-// The operators with an unboxed kernel (fast_ops.cpp), and the entry for one (nullptr if none).
-const std::vector<FastOp>& fast_ops();
-const FastOp* find_fast_op(const c10::OperatorName& name);
+// The operators with an unboxed kernel (native_unboxed.cpp), and the entry for one (nullptr if none).
+const std::vector<UnboxedOp>& unboxed_ops();
+const UnboxedOp* find_unboxed_op(const c10::OperatorName& name);
 
-namespace fast_detail {
+namespace unboxed_detail {
 
 template <class T>
 inline constexpr bool needs_aliasing_v =
@@ -72,12 +72,12 @@ template <class T>
 struct NativeArg {
   static_assert(!needs_aliasing_v<std::decay_t<T>>, "argument kind without a NativeArg specialisation");
   T value;
-  NativeArg(NativeAliases& /*aliases*/, T v) : value(static_cast<T>(v)) {}
+  NativeArg(NativeCall& /*aliases*/, T v) : value(static_cast<T>(v)) {}
   T get() { return static_cast<T>(value); }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
-// The aliases of tensor arguments are the NativeAliases' own; the arguments passed to the kernel are
+// The aliases of tensor arguments are the NativeCall' own; the arguments passed to the kernel are
 // borrows of them (c10::MaybeOwned's kind: a handle without a reference of its own, released rather than
 // dropped), which spares an atomic increment and decrement per tensor.
 using BorrowTraits = c10::MaybeOwnedTraits<at::Tensor>;
@@ -85,30 +85,29 @@ using BorrowTraits = c10::MaybeOwnedTraits<at::Tensor>;
 template <>
 struct NativeArg<const at::Tensor&> {
   at::Tensor value;
-  NativeArg(NativeAliases& aliases, const at::Tensor& t)
-      : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
+  NativeArg(NativeCall& aliases, const at::Tensor& t) : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
   NativeArg(NativeArg&& other) noexcept = default;  // leaves `other` undefined, which releases nothing
   NativeArg(const NativeArg&) = delete;
   ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   const at::Tensor& get() { return value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
 struct NativeArg<at::Tensor&> {
   at::Tensor value;
-  NativeArg(NativeAliases& aliases, at::Tensor& t) : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
+  NativeArg(NativeCall& aliases, at::Tensor& t) : value(BorrowTraits::createBorrow(aliases.alias(t))) {}
   NativeArg(NativeArg&& other) noexcept = default;
   NativeArg(const NativeArg&) = delete;
   ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   at::Tensor& get() { return value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
 struct NativeArg<const std::optional<at::Tensor>&> {
   std::optional<at::Tensor> value;
-  NativeArg(NativeAliases& aliases, const std::optional<at::Tensor>& t) {
+  NativeArg(NativeCall& aliases, const std::optional<at::Tensor>& t) {
     if (t.has_value()) value.emplace(BorrowTraits::createBorrow(aliases.alias(*t)));
   }
   NativeArg(NativeArg&& other) noexcept = default;
@@ -117,14 +116,14 @@ struct NativeArg<const std::optional<at::Tensor>&> {
     if (value.has_value()) BorrowTraits::destroyBorrow(*value);
   }
   const std::optional<at::Tensor>& get() { return value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 // Borrows of the aliases of a tensor list's elements.
 struct BorrowedList {
   c10::SmallVector<at::Tensor, 4> value;
   template <class List>
-  BorrowedList(NativeAliases& aliases, const List& list) {
+  BorrowedList(NativeCall& aliases, const List& list) {
     value.reserve(list.size());
     for (const at::Tensor& t : list) value.push_back(BorrowTraits::createBorrow(aliases.alias(t)));
   }
@@ -138,31 +137,31 @@ struct BorrowedList {
 template <>
 struct NativeArg<at::TensorList> {
   BorrowedList list;
-  NativeArg(NativeAliases& aliases, at::TensorList l) : list(aliases, l) {}
+  NativeArg(NativeCall& aliases, at::TensorList l) : list(aliases, l) {}
   at::TensorList get() { return list.value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
 struct NativeArg<const at::ITensorListRef&> {
   BorrowedList list;
-  NativeArg(NativeAliases& aliases, const at::ITensorListRef& l) : list(aliases, l) {}
+  NativeArg(NativeCall& aliases, const at::ITensorListRef& l) : list(aliases, l) {}
   // A temporary that lives until the end of the redispatch's full expression.
   at::ITensorListRef get() { return at::ITensorListRef(at::TensorList(list.value)); }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
 struct NativeArg<const c10::List<std::optional<at::Tensor>>&> {
   c10::List<std::optional<at::Tensor>> value;
-  NativeArg(NativeAliases& aliases, const c10::List<std::optional<at::Tensor>>& list) {
+  NativeArg(NativeCall& aliases, const c10::List<std::optional<at::Tensor>>& list) {
     value.reserve(list.size());
     for (const std::optional<at::Tensor> t : list) {
       value.push_back(t.has_value() ? std::optional<at::Tensor>(aliases.alias(*t)) : std::nullopt);
     }
   }
   const c10::List<std::optional<at::Tensor>>& get() { return value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 // Converted in finish(), after every tensor is aliased: an omitted generator takes the default generator
@@ -170,19 +169,19 @@ struct NativeArg<const c10::List<std::optional<at::Tensor>>&> {
 template <>
 struct NativeArg<std::optional<at::Generator>> {
   std::optional<at::Generator> value;
-  NativeArg(NativeAliases& /*aliases*/, std::optional<at::Generator> gen) : value(std::move(gen)) {}
+  NativeArg(NativeCall& /*aliases*/, std::optional<at::Generator> gen) : value(std::move(gen)) {}
   std::optional<at::Generator> get() { return value; }
-  void finish(NativeAliases& aliases) { value = aliases.generator(value); }
+  void finish(NativeCall& aliases) { value = aliases.generator(value); }
 };
 
 template <>
 struct NativeArg<std::optional<c10::Device>> {
   std::optional<c10::Device> value;
-  NativeArg(NativeAliases& aliases, std::optional<c10::Device> d) {
+  NativeArg(NativeCall& aliases, std::optional<c10::Device> d) {
     if (d.has_value()) value = aliases.device_arg(*d);
   }
   std::optional<c10::Device> get() { return value; }
-  void finish(NativeAliases& /*aliases*/) {}
+  void finish(NativeCall& /*aliases*/) {}
 };
 
 // The caller's own tensor object behind an adopted in-place/out= result (the dispatcher's boxed wrapper
@@ -205,7 +204,7 @@ Ref caller_tensor(const c10::TensorImpl* adopted, Args&... args) {
 
 // The flagos result of type R for native result `native` (fresh results are moved, not copied).
 template <class R, class Native, class... Args>
-R adopt_as(NativeAliases& aliases, Native&& native, Args&... args) {
+R adopt_as(NativeCall& aliases, Native&& native, Args&... args) {
   if constexpr (std::is_same_v<R, at::Tensor>) {
     static_assert(std::is_same_v<Native, at::Tensor>, "a fresh result comes by value");
     return aliases.adopt(std::move(native));
@@ -223,8 +222,8 @@ R adopt_as(NativeAliases& aliases, Native&& native, Args&... args) {
 }
 
 template <class... Rs, class NativeTuple, size_t... I, class... Args>
-std::tuple<Rs...> adopt_tuple(NativeAliases& aliases, NativeTuple& native,
-                              std::index_sequence<I...> /*unused*/, Args&... args) {
+std::tuple<Rs...> adopt_tuple(NativeCall& aliases, NativeTuple& native, std::index_sequence<I...> /*unused*/,
+                              Args&... args) {
   // Braced initialisation: the results are adopted in order, as the boxed path adopts them.
   return std::tuple<Rs...>{adopt_as<Rs>(aliases, std::get<I>(std::move(native)), args...)...};
 }
@@ -232,7 +231,7 @@ std::tuple<Rs...> adopt_tuple(NativeAliases& aliases, NativeTuple& native,
 template <class R>
 struct Adopt {
   template <class Native, class... Args>
-  static R run(NativeAliases& aliases, Native&& native, Args&... args) {
+  static R run(NativeCall& aliases, Native&& native, Args&... args) {
     return adopt_as<R>(aliases, std::forward<Native>(native), args...);
   }
 };
@@ -240,14 +239,14 @@ struct Adopt {
 template <class... Rs>
 struct Adopt<std::tuple<Rs...>> {
   template <class Native, class... Args>
-  static std::tuple<Rs...> run(NativeAliases& aliases, Native&& native, Args&... args) {
+  static std::tuple<Rs...> run(NativeCall& aliases, Native&& native, Args&... args) {
     return adopt_tuple<Rs...>(aliases, native, std::index_sequence_for<Rs...>{}, args...);
   }
 };
 
 // Per-op exceptions to the unboxed path's defaults; most ops have none.
 template <class Op>
-struct FastOpTraits {
+struct UnboxedOpTraits {
   // Tensors of different devices are the same-device error (copies take any mix).
   static constexpr bool kOneDevice = true;
   // Calls the native route cannot take on aliases (see the copy_ specialisation); they run the op's
@@ -268,11 +267,11 @@ bool has_dim_names(const T& /*t*/, long /*fallback*/) {
 }
 
 // copy_: flagos, host and other devices' tensors in any mix, and no same-device check. Routed directly only
-// when backed (op_entry.cpp), where its native copy is the backing device's own. Named and zero tensors keep
-// torch's composite (it propagates names onto the flagos destination; a zero tensor has no memory to alias),
-// which reaches flagos's _copy_from (ops/copy.cpp).
+// when backed (ops/routes/entry_kernels.cpp), where its native copy is the native device's own. Named and
+// zero tensors keep torch's composite (it propagates names onto the flagos destination; a zero tensor has no
+// memory to alias), which reaches flagos's _copy_from (ops/kernels/copy.cpp).
 template <>
-struct FastOpTraits<at::_ops::copy_> {
+struct UnboxedOpTraits<at::_ops::copy_> {
   static constexpr bool kOneDevice = false;
   static constexpr bool kHasComposite = true;
   // Copies are flagos's own basic operation on every accelerator (on the simulated one, _copy_from); the
@@ -286,13 +285,13 @@ struct FastOpTraits<at::_ops::copy_> {
   }
 };
 
-}  // namespace fast_detail
+}  // namespace unboxed_detail
 
 template <class Op, class Schema = typename Op::schema>
-struct FastKernel;
+struct UnboxedKernel;
 
 template <class Op, class Ret, class... Args>
-struct FastKernel<Op, Ret(Args...)> {
+struct UnboxedKernel<Op, Ret(Args...)> {
   static const c10::OperatorHandle& handle() {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
@@ -301,7 +300,7 @@ struct FastKernel<Op, Ret(Args...)> {
 
   // The PrivateUse1 kernel.
   static Ret call(Args... args) {
-    using Traits = fast_detail::FastOpTraits<Op>;
+    using Traits = unboxed_detail::UnboxedOpTraits<Op>;
     if constexpr (Traits::kHasComposite) {
       if (C10_UNLIKELY(Traits::needs_composite(args...))) return Traits::composite(args...);
     }
@@ -320,45 +319,31 @@ struct FastKernel<Op, Ret(Args...)> {
 
  private:
   static Ret run_native(Args&... args) {
-    NativeAliases aliases(fast_detail::FastOpTraits<Op>::kOneDevice);
+    NativeCall call(NativeCall::kUnboxedKernel, unboxed_detail::UnboxedOpTraits<Op>::kOneDevice);
     // Braced initialisation: arguments are aliased in order, as on the boxed path.
-    std::tuple<fast_detail::NativeArg<Args>...> native{fast_detail::NativeArg<Args>(aliases, args)...};
-    std::apply([&](auto&... a) { (a.finish(aliases), ...); }, native);
-    c10::OptionalDeviceGuard guard(aliases.guard_device());
-    aliases.enter();
-    const c10::DispatchKeySet keys = native_dispatch_keys();
-    if constexpr (std::is_void_v<Ret>) {
-      redispatch(keys, native);
-    } else {
-      decltype(auto) result = redispatch(keys, native);
-      return fast_detail::Adopt<Ret>::run(aliases, std::forward<decltype(result)>(result), args...);
-    }
-  }
-
-  template <class Tuple>
-  static Ret redispatch(c10::DispatchKeySet keys, Tuple& native) {
-    try {
-      // Host kernels allocate their outputs as flagos memory, adopted as it is (as on the boxed path,
-      // call_on_native_aliases). Nothing when backed.
-      const runtime::HostKernelAllocations host_kernel_allocations;
+    std::tuple<unboxed_detail::NativeArg<Args>...> native{unboxed_detail::NativeArg<Args>(call, args)...};
+    std::apply([&](auto&... a) { (a.finish(call), ...); }, native);
+    const c10::DispatchKeySet keys = native_memory::native().keys;
+    auto kernel = [&]() -> Ret {
       return std::apply([&](auto&... a) -> Ret { return Op::redispatch(keys, a.get()...); }, native);
-    } catch (c10::Error& e) {
-      const std::string overload(Op::overload_name);
-      e.add_context(std::string("while running ") + Op::name + (overload.empty() ? "" : "." + overload) +
-                    " on flagos");
-      throw;
+    };
+    if constexpr (std::is_void_v<Ret>) {
+      call.run(Op::name, Op::overload_name, kernel);
+    } else {
+      decltype(auto) result = call.run(Op::name, Op::overload_name, kernel);
+      return unboxed_detail::Adopt<Ret>::run(call, std::forward<decltype(result)>(result), args...);
     }
   }
 };
 
 template <class Op>
-torch::CppFunction fast_kernel() {
-  return torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(FastKernel<Op>::call));
+torch::CppFunction unboxed_kernel() {
+  return torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(UnboxedKernel<Op>::call));
 }
 
 template <class Op>
-FastOp fast_op() {
-  return FastOp{Op::name, Op::overload_name, &fast_kernel<Op>};
+UnboxedOp unboxed_op() {
+  return UnboxedOp{Op::name, Op::overload_name, &unboxed_kernel<Op>};
 }
 
 }  // namespace flagos::ops

@@ -1,4 +1,4 @@
-// The routes: one call of an operator run on the backend the router chose, and counted.
+// Route execution: one call of an operator run on the backend the router chose, and counted.
 #pragma once
 
 #include <ATen/core/boxing/BoxedKernel.h>
@@ -8,7 +8,7 @@
 #include <array>
 #include <cstdint>
 
-#include "ops/router.h"
+#include "ops/routing/router.h"
 
 namespace flagos::ops {
 
@@ -17,17 +17,13 @@ namespace flagos::ops {
 // counts it for that backend.
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The boxed PrivateUse1 fallback: route_for(op), then run_route. Also the kernel that op_entry.cpp
+// The boxed PrivateUse1 fallback: route_for(op), then run_route. Also the kernel that entry_kernels.cpp
 // registers for the ops flagos routes directly although a composite kernel would otherwise run for them.
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The dispatch key of the native device's kernels (the backing device's, CPU on the simulated accelerator).
-c10::DispatchKey native_dispatch_key();
-// The same as a key set, made once (every native-route call redispatches with it).
-c10::DispatchKeySet native_dispatch_keys();
-
-// A boxed kernel that runs run_route(backend, ...): how an unboxed kernel (ops/fast_ops.h) takes the boxed
-// route for a call the router sends elsewhere, with c10's own boxing (c10::impl::BoxedKernelWrapper).
+// A boxed kernel that runs run_route(backend, ...): how an unboxed kernel (ops/routes/native_unboxed.h)
+// takes the boxed route for a call the router sends elsewhere, with c10's own boxing
+// (c10::impl::BoxedKernelWrapper).
 const c10::BoxedKernel& route_kernel(Backend backend);
 
 // Counts one call the unboxed native path served (not through run_route): a native call and an unboxed one.

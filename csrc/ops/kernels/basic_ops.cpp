@@ -1,5 +1,7 @@
-// The operators every device must provide itself: factories, views, resize/set and scalar reads.
-// Everything else reaches flagos through the router (ops/fallback.cpp).
+// The operators every device must provide itself: factories, views, resize/set and scalar reads
+// (ops/kernels/basic_ops.h; ops/registration.cpp registers them).
+#include "ops/kernels/basic_ops.h"
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
@@ -9,13 +11,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
-#include "ops/copy.h"
+#include "ops/kernels/copy.h"
 #include "runtime/allocator.h"
 #include "runtime/stream.h"
 
-namespace flagos::ops {
+namespace flagos::ops::kernels {
 namespace {
 
 using runtime::device_allocator;
@@ -27,6 +28,16 @@ std::optional<c10::Device> explicit_device(std::optional<c10::Device> device) {
   if (device.has_value() && device->has_index()) return device;
   return std::nullopt;
 }
+
+// Grows the storage (never shrinks it, as torch does) so that `self` with its current sizes fits.
+void ensure_storage_fits(const at::Tensor& self) {
+  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
+                                                         self.dtype().itemsize(), self.storage_offset());
+  const c10::Storage& storage = self.storage();
+  if (needed > storage.nbytes()) runtime::resize_storage_bytes(storage, needed);
+}
+
+}  // namespace
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
@@ -62,14 +73,6 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
-}
-
-// Grows the storage (never shrinks it, as torch does) so that `self` with its current sizes fits.
-void ensure_storage_fits(const at::Tensor& self) {
-  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
-                                                         self.dtype().itemsize(), self.storage_offset());
-  const c10::Storage& storage = self.storage();
-  if (needed > storage.nbytes()) runtime::resize_storage_bytes(storage, needed);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
@@ -139,10 +142,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
-// Whether `var.data = tensor` may turn var's TensorImpl into one like tensor's. torch says yes between its
-// own dense devices (CPU <-> CUDA) and leaves PrivateUse1 out; flagos tensors are plain dense TensorImpls
-// like theirs, so the same rule extends to flagos. Module.to() keeps parameter objects (so ties between
-// modules, and optimizers holding the parameters) exactly where this is true, as it does for cuda.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
   if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
   // torch's own test of "dense" (c10/core/TensorImpl.h), with PrivateUse1 among the backends.
@@ -156,28 +155,4 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
   return is_dense(self.key_set()) && is_dense(from.key_set());
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(as_strided));
-  m.impl("view", TORCH_FN(view));
-  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_.source_Storage", TORCH_FN(set_storage_));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset_));
-  m.impl("set_.source_Tensor", TORCH_FN(set_tensor_));
-  m.impl("set_", TORCH_FN(set_empty_));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  m.impl("record_stream", TORCH_FN(record_stream));
-  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-}
-
-// The op returns a bool, nothing to differentiate: answered at the autograd key too, rather than through
-// torch's autograd fallback for PrivateUse1 (its CompositeImplicitAutograd kernel no longer serves that key
-// once PrivateUse1 has a kernel of its own).
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-}
-
-}  // namespace
-}  // namespace flagos::ops
+}  // namespace flagos::ops::kernels

@@ -1,4 +1,4 @@
-// Fused scaled-dot-product attention on flagos (see ops/attention.h).
+// Fused scaled-dot-product attention on flagos (see ops/kernels/attention.h).
 //
 // torch's composite scaled_dot_product_attention calls `_fused_sdp_choice_stub` for the query's device
 // type when that stub has a kernel for it, and otherwise runs the math decomposition. flagos's kernel of
@@ -8,7 +8,7 @@
 // (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_*_sdp), exactly as for its own tensors. The
 // composite then calls the chosen fused op on the flagos tensors, which the router serves in turn, and
 // autograd records that op, so the backward op is routed too.
-#include "ops/attention.h"
+#include "ops/kernels/attention.h"
 
 #include <ATen/SDPBackend.h>
 #include <ATen/core/Tensor.h>
@@ -17,17 +17,15 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/constant_pad_nd.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <cmath>
 #include <optional>
 
-#include "ops/aliasing.h"
-#include "ops/router.h"
+#include "ops/routing/router.h"
 #include "runtime/native_device.h"
 
-namespace flagos::ops {
+namespace flagos::ops::kernels {
 namespace {
 
 using at::SDPBackend;
@@ -74,6 +72,8 @@ const FusedOps& fused_ops(SDPBackend backend, bool cuda_flash) {
   }
 }
 
+}  // namespace
+
 int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value,
                          const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
@@ -91,7 +91,7 @@ int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& v
   // "flash" means the CPU's flash kernel when the CPU decided (the choice routed to cpu), CUDA's when the
   // native device (or a Python implementation on native aliases) did.
   const bool cuda_flash = backend == SDPBackend::flash_attention &&
-                          native_device_type() == c10::DeviceType::CUDA &&
+                          runtime::native_device().type == c10::DeviceType::CUDA &&
                           route_for(choice_op) != Backend::kCpu;
   const FusedOps& ops = fused_ops(backend, cuda_flash);
   if (!runs_where_routed(ops.forward) || !runs_where_routed(ops.backward) ||
@@ -102,6 +102,8 @@ int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& v
 }
 
 // ---- CUDA flash through aten::_scaled_dot_product_fused_attention_overrideable ----------------------------
+namespace {
+
 // These kernels do for flagos what the composite does for CUDA tensors in its flash case: pad the head
 // dimension to a multiple of 8 (flash's requirement), call the flash op with the scale of the unpadded
 // head dimension, and slice the output back. The flash ops themselves are routed like any other op.
@@ -132,6 +134,8 @@ const c10::OperatorHandle& flash_op(bool backward) {
       "aten::_scaled_dot_product_flash_attention_backward", "");
   return backward ? grad : forward;
 }
+
+}  // namespace
 
 // (query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, *, scale) ->
 // (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug_attn_mask)
@@ -176,31 +180,8 @@ void flash_overrideable_backward(const c10::OperatorHandle& op, torch::jit::Stac
   stack->emplace_back(Tensor());  // flash takes no attn_bias
 }
 
-}  // namespace
-
-void register_backed_attention_kernels() {
-  if (native_device_type() != c10::DeviceType::CUDA) return;
-  // Leaked: the registrations stay for the process (ops may run during static destruction).
-  auto* lib =
-      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  lib->impl("_scaled_dot_product_fused_attention_overrideable",
-            torch::CppFunction::makeFromBoxedFunction<&flash_overrideable>());
-  lib->impl("_scaled_dot_product_fused_attention_overrideable_backward",
-            torch::CppFunction::makeFromBoxedFunction<&flash_overrideable_backward>());
+void set_flash_attention_registered() {
   g_flash_kernels_registered.store(true, std::memory_order_release);
 }
 
-std::string attention_note(const c10::OperatorName& name) {
-  if (name.name != "aten::scaled_dot_product_attention" || !name.overload_name.empty()) return "";
-  return "its composite asks aten::_fused_sdp_choice (routed) which fused kernel the native device would run "
-         "for the call, then runs that op (routed; on CUDA its flash attention through "
-         "aten::_scaled_dot_product_fused_attention_overrideable), or its math decomposition when the "
-         "answer is math or the fused op is routed where it cannot run";
-}
-
-}  // namespace flagos::ops
-
-// The stub is torch's; its PrivateUse1 slot must be filled from inside torch's namespace.
-namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &flagos::ops::fused_sdp_choice)
-}  // namespace at::native
+}  // namespace flagos::ops::kernels

@@ -1,0 +1,116 @@
+// The native route's one pipeline: a call of an operator run by the native device's kernel (or by Python
+// code, for the python and flaggems routes) on zero-copy aliases of its flagos arguments. Both front ends
+// use it: the boxed one (ops/routes/native_boxed.h, arguments on an IValue stack) and the unboxed one
+// (ops/routes/native_unboxed.h, arguments as C++ values). A front end only converts its arguments; every
+// step of the call is written here once:
+//   1. alias each flagos argument (tensors, tensor lists, generators, devices) as a native-device tensor
+//      over the same memory; then default_generator()/generator() for omitted `Generator?` arguments;
+//   2. run(): the device guard, the sync before host kernels, host-kernel allocations as flagos memory,
+//      the kernel itself, and the op's name as context on its errors;
+//   3. adopt each result back as a flagos tensor (without a copy where its memory is flagos memory), or as
+//      the caller's own tensor where it is an argument (in-place, out=);
+//   4. on destruction, the guard restores the device and the aliases that nothing kept are recycled.
+// No user tensor's metadata is mutated. The call's state lives in a buffer inside this object (no heap
+// allocation per call); its type stays private to native_call.cpp, which static_asserts that it fits.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/operator_name.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "runtime/allocator.h"
+
+namespace flagos::ops {
+
+class NativeCall {
+ public:
+  // Who runs on the aliases. The front ends differ in exactly this, and it decides three things:
+  //   what the call holds:  an unboxed caller holds every argument through the call, so aliases borrow
+  //                         without references and are recycled afterwards; a boxed call's stack slots are
+  //                         overwritten by the aliases, so it holds its arguments; Python code may keep
+  //                         what it is given, so its aliases own their memory and are never recycled;
+  //   host-kernel allocations: kernels (not Python code) on host kernels allocate flagos memory;
+  //   the device guard:     with host kernels, every kind sets the call's flagos device (host kernels'
+  //                         allocations go to the current flagos device). With device kernels (backed by
+  //                         CUDA), kUnboxedKernel sets none: the unboxed ops' kernels set their device
+  //                         themselves (none is `device_guard: False`; tests/test_unboxed.py checks) and
+  //                         their outputs land on their tensors' device, so a guard would only repeat
+  //                         theirs. kKernel and kPython set the native device: a boxed op may be
+  //                         `device_guard: False`, and Python code may allocate on the current device.
+  enum Kind : uint8_t { kUnboxedKernel, kKernel, kPython };
+
+  // same_device=false for copies, whose tensors may be on different devices (the call's device() is then
+  // the first flagos or other non-CPU tensor's).
+  NativeCall(Kind kind, bool same_device);
+  // For a call of `op`: its tensors on one device unless it is a copy (asked only on a mismatch).
+  NativeCall(Kind kind, const c10::OperatorName& op);
+  ~NativeCall();
+  NativeCall(const NativeCall&) = delete;
+  NativeCall& operator=(const NativeCall&) = delete;
+
+  // ---- 1. Aliasing --------------------------------------------------------------------------------------
+  // A flagos tensor's native alias; other tensors as they are. The reference is valid until the next
+  // alias() call (take a copy, or a borrow: the tensor itself lives as long as this object).
+  const at::Tensor& alias(const at::Tensor& t);
+  // Any argument: tensors, tensor lists, optional tensor lists, flagos generators and devices.
+  c10::IValue alias_value(const c10::IValue& v);
+  // The flagos generator of the call's device, standing in for an omitted one (None without a device), so
+  // that torch.flagos.manual_seed governs flagos random ops. Ask once every tensor is aliased.
+  c10::IValue default_generator() const;
+  std::optional<at::Generator> generator(const std::optional<at::Generator>& gen);  // alias or default
+  c10::Device device_arg(c10::Device d);      // a flagos device argument as the native device
+  std::optional<c10::Device> device() const;  // the call's flagos device, if it has one
+
+  // ---- 2. The call --------------------------------------------------------------------------------------
+  // Runs `kernel()` on the aliases and returns what it returns. `name`/`overload` name the op in the
+  // context added to its errors ("while running aten::add.out on flagos"); errors keep their type.
+  template <class Kernel>
+  decltype(auto) run(const char* name, const char* overload, Kernel&& kernel) {
+    enter();
+    try {
+      std::optional<runtime::HostKernelAllocations> host_allocations;
+      if (host_allocations_) host_allocations.emplace();
+      return kernel();
+    } catch (c10::Error& e) {
+      add_context(e, name, overload);
+      throw;
+    }
+  }
+
+  // ---- 3. Adoption --------------------------------------------------------------------------------------
+  // The flagos result for a fresh native result (or a view of an argument), moved into it where it can be.
+  at::Tensor adopt(at::Tensor&& native);
+  // For a native result that is an argument (in-place, out=): the caller's tensor it stands for, brought up
+  // to date with what the kernel did to the alias (an out= resized); nullptr for any other result.
+  c10::TensorImpl* adopt_argument(const at::Tensor& native);
+  c10::IValue adopt_value(const c10::IValue& v);  // tensors and tensor lists; anything else as it is
+
+  static constexpr size_t kScopeBytes = 256;
+
+ private:
+  void enter();  // the guard and the sync before host kernels
+  C10_NOINLINE static void add_context(c10::Error& e, const char* name, const char* overload);
+
+  alignas(std::max_align_t) unsigned char scope_[kScopeBytes];
+  std::optional<c10::DeviceGuard> guard_;
+  Kind kind_;
+  bool host_allocations_;
+};
+
+// A native-device tensor over the memory of flagos tensor `flagos` (same geometry and view bits), keeping
+// that memory alive: torch_fl.as_cuda.
+at::Tensor alias_as_native(const at::Tensor& flagos);
+
+// The reverse: a flagos tensor over the memory of a native-device tensor (torch_fl.from_cuda).
+at::Tensor adopt_native(const at::Tensor& native);
+
+}  // namespace flagos::ops
