@@ -37,7 +37,9 @@ def unboxed() -> int:
 def test_unboxed_ops_are_registered_for_what_reaches_flagos():
     ops = _C._routing_unboxed_ops()
     assert ops[ADD] == ("direct" if BACKED else "fallback")
-    assert ops["aten::native_layer_norm"] == "direct"  # one of the built-in direct routes (ops/routes/entry_kernels.cpp)
+    assert (
+        ops["aten::native_layer_norm"] == "direct"
+    )  # one of the built-in direct routes (ops/routes/entry_kernels.cpp)
     assert "aten::mm.out" in ops or "aten::mm" in ops
     # Explain is unchanged: the op still reaches the router by itself.
     assert routing.explain(ADD).startswith(f"{ADD} -> native (default")

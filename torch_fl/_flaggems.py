@@ -440,7 +440,7 @@ def _register(
 def routable_ops() -> list[str]:
     """The ops with a flaggems implementation that a routing rule can send there: all but those flagos
     has a kernel of its own for (copies, views, empty). Composite ops count: a rule naming one makes its
-    calls reach the router (ops/op_entry.h), and with flagos backed by CUDA most functional ops reach it
+    calls reach the router (ops/routes/entry_kernels.h), and with flagos backed by CUDA most functional ops reach it
     directly. Loads FlagGems; [] when it is unavailable."""
     if not load().available:
         return []

@@ -31,6 +31,10 @@ namespace py = pybind11;
 namespace flagos::python {
 namespace {
 
+// How an argument becomes a Python object. A boxed dtype, layout or memory format is an int IValue; Python
+// code expects torch.dtype, torch.layout and torch.memory_format there, as torch's own Python kernels get.
+enum class ArgumentKind : uint8_t { kPlain, kDtype, kLayout, kMemoryFormat };
+
 // How to call one op's Python implementation: the callable the router chose and how the schema's
 // arguments map onto a vectorcall (the positional ones first, then the keyword-only ones, in schema order,
 // which is the order of the stack).
@@ -42,10 +46,6 @@ namespace {
 // out.copy_), else through the adapter's own Python tail, _copy_results, which resizes, warns and raises
 // as torch's out= kernels do. The Python adapter's per-call work (popping the outs from a keyword dict,
 // two more Python calls, the checks) was as much as the rest of the route.
-// How an argument becomes a Python object. A boxed dtype, layout or memory format is an int IValue; Python
-// code expects torch.dtype, torch.layout and torch.memory_format there, as torch's own Python kernels get.
-enum class ArgumentKind : uint8_t { kPlain, kDtype, kLayout, kMemoryFormat };
-
 struct CallPlan {
   uint64_t version = 0;  // routing version it was made under; 0 is never current
   py::object fn;         // what is called: the implementation, or an out adapter's functional function

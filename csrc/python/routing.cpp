@@ -1,5 +1,5 @@
-// torch_fl.routing's native half: thin wrappers over ops/router.h. Every entry point runs inside torch's
-// error handling so that c10 errors become Python exceptions of the matching type (ValueError for bad
+// torch_fl.routing's native half: thin wrappers over ops/routing/router.h. Every entry point runs inside
+// torch's error handling so that c10 errors become Python exceptions of the matching type (ValueError for bad
 // names and configs) and c10 warnings (fall-through) become Python warnings.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -102,7 +102,7 @@ void bind_routing(py::module_& m) {
     return parsed.has_value() ? py::cast(std::string(ops::backend_name(*parsed))) : py::none();
   });
   m.def("_routing_valid_backends_text", []() { return ops::valid_backends_text(); });
-  // The registry owns a reference to each callable forever (see ops::python_impl), so it takes one here.
+  // The registry owns a reference to each callable forever (ops/routing/router.h), so it takes one here.
   m.def("_routing_set_python_impl", [](const std::string& op, py::object fn) {
     HANDLE_TH_ERRORS
     PyObject* impl = nullptr;
@@ -132,8 +132,8 @@ void bind_routing(py::module_& m) {
     return d;
   });
   m.def("_routing_reset_counts", &ops::reset_backend_call_counts);
-  // The unboxed native path (ops/fast_ops.h): calls it served (reset with the counts above), and the ops
-  // whose calls take it when routed to native.
+  // The unboxed native path (ops/routes/native_unboxed.h): calls it served (reset with the counts above), and
+  // the ops whose calls take it when routed to native.
   m.def("_routing_unboxed_calls", &ops::unboxed_call_count);
   m.def("_routing_unboxed_ops", []() {
     py::dict d;
@@ -174,7 +174,8 @@ void bind_routing(py::module_& m) {
   });
   m.def("_routing_flaggems_ops", &ops::flaggems_ops);
   // Whether a rule naming `op` makes its calls on flagos reach the router: all but flagos's own kernels
-  // (ops without a kernel, ops routed directly, and composite ops, which a rule reroutes; ops/op_entry.h).
+  // (ops without a kernel, ops routed directly, and composite ops, which a rule reroutes;
+  // ops/routes/entry_kernels.h).
   m.def("_routing_is_routable", [](const std::string& op) {
     HANDLE_TH_ERRORS
     return ops::op_entry(ops::find_operator(op)) != ops::OpEntry::kOwnKernel;
