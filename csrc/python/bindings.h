@@ -8,6 +8,9 @@ namespace flagos::python {
 // csrc/python/routing.cpp: torch_fl.routing's native half.
 void bind_routing(pybind11::module_& m);
 
+// csrc/python/graphs.cpp: torch.flagos's graph API.
+void bind_graphs(pybind11::module_& m);
+
 // csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
 // flaggems backends) and load FlagGems on first need.
 void install_python_route();

@@ -224,5 +224,6 @@ PYBIND11_MODULE(_C, m) {
   });
 
   flagos::python::bind_routing(m);
+  flagos::python::bind_graphs(m);
   flagos::python::install_python_route();
 }

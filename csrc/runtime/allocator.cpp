@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "runtime/device.h"
+#include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/mode.h"
 #include "runtime/stream.h"
@@ -90,6 +91,9 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
   const size_t copy_bytes = std::min(old_bytes, new_bytes);
   if (copy_bytes > 0) {
     const c10::Stream stream = current_stream(device);
+    if (capture::Recording* recording = capture::recording_for(stream)) {
+      capture::fail(*recording, "growing a tensor's storage that holds data (allocate it before capturing)");
+    }
     active_mode().copy_async(new_data.get(), storage.data(), copy_bytes, stream);
     device_allocator()->recordStream(storage.data_ptr(), stream);
   }

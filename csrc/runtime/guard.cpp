@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "runtime/allocator.h"
+#include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/mode.h"
 #include "runtime/stream.h"
@@ -61,6 +62,11 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     check_device_index(d.index() < 0 ? current_device() : d.index());
     return c10::DeviceCapability();
   }
+#endif
+
+#if __has_include(<ATen/core/GraphImplInterface.h>)
+  // torch 2.13 added isStreamCapturing with the generic graph API (the header is the test for both).
+  bool isStreamCapturing(const c10::Stream& stream) const override { return is_stream_capturing(stream); }
 #endif
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,

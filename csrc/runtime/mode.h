@@ -20,9 +20,11 @@
 #include <c10/macros/Macros.h>
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <utility>
 
+#include "runtime/graph.h"
 #include "runtime/native_device.h"
 
 namespace flagos::runtime {
@@ -58,6 +60,11 @@ class RuntimeMode {
   // The flagos device of flagos memory whatever its label, nullopt for other memory.
   virtual std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const = 0;
   virtual NativeDevice native_device() const = 0;
+
+  // Graphs (runtime/graph.h).
+  virtual std::unique_ptr<DeviceGraph> new_graph(bool keep_graph) = 0;
+  virtual c10::MempoolId_t graph_pool_handle() = 0;
+  virtual bool is_stream_capturing(const c10::Stream& stream) const = 0;
 };
 
 namespace detail {

@@ -13,6 +13,14 @@ import torch
 from torch_fl import _C
 
 from ._utils import _device_index, _lazy_init, current_device
+from .graphs import (
+    FlagosGraph,
+    Graph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from .memory import (
     empty_cache,
     host_memory_stats,
@@ -275,6 +283,12 @@ def _stream_priority_range() -> tuple[int, int]:
 
 
 __all__ = [
+    "FlagosGraph",
+    "Graph",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
+    "make_graphed_callables",
     "DeviceProperties",
     "Event",
     "Stream",

@@ -6,7 +6,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include "ops/routes/graph_capture.h"
 #include "ops/routes/native_call.h"
+#include "runtime/graph.h"
 #include "runtime/hal/hal_streams.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
@@ -63,6 +65,7 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
       return;
     }
     // Across devices: wait for both sides' queued work, then copy synchronously.
+    runtime::capture::check_allowed(&dst_stream, "a copy between flagos devices");
     sync_stream(current_stream(src.device().index()));
     sync_stream(dst_stream);
     check_hal(hal().memcpy(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
@@ -73,12 +76,14 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   const at::Tensor& device_side = to_device ? dst : src;
   const at::Tensor& host_side = to_device ? src : dst;
   const c10::Stream stream = current_stream(device_side.device().index());
+  const void* host_base = host_side.storage().data();
+  const bool waits = !(non_blocking && runtime::is_pinned_ptr(host_base));
+  if (waits) runtime::capture::check_allowed(&stream, "a blocking copy between flagos and host memory");
   check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes,
                                to_device ? FLAGOS_MEMCPY_HOST_TO_DEVICE : FLAGOS_MEMCPY_DEVICE_TO_HOST,
                                hal_stream(stream)),
             to_device ? "flagos_memcpy_async (host to device)" : "flagos_memcpy_async (device to host)");
-  const void* host_base = host_side.storage().data();
-  if (non_blocking && runtime::is_pinned_ptr(host_base)) {
+  if (!waits) {
     // Keep the pinned block from being reused until the copy has run.
     runtime::host_allocator()->record_event(const_cast<void*>(host_base),
                                             host_side.storage().data_ptr().get_context(), stream);
@@ -137,6 +142,7 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
     at::_ops::copy_::redispatch(native.keys, native_dst, native_src, non_blocking);
     return;
   }
+  if (runtime::capture::underway() && capture_copy(src_in, dst, non_blocking, &copy_between_devices)) return;
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);
   if (same_dense_layout(src, dst)) {
     copy_bytes(src, dst, static_cast<size_t>(dst.numel()) * dst.dtype().itemsize(), non_blocking);

@@ -10,8 +10,10 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/routes/graph_capture.h"
 #include "ops/routes/native_boxed.h"
 #include "ops/routes/python.h"
+#include "runtime/graph.h"
 
 namespace flagos::ops {
 namespace {
@@ -119,6 +121,7 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 }
 
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (runtime::capture::underway() && capture_call(op, stack)) return;
   run_route(route_for(op), op, stack);
 }
 

@@ -15,6 +15,7 @@
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
+#include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/stream.h"
 
@@ -400,8 +401,12 @@ void NativeCall::enter() {
   if (native().host_kernels) {
     guard_.emplace(*device);
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
+    // A capturing stream has nothing queued by the capture (it records instead), and waiting for it is what
+    // a capture forbids: the calls that run during a capture (views) do not wait.
     const c10::Stream stream = runtime::current_stream(device->index());
-    runtime::synchronize_stream(stream);
+    if (!runtime::capture::underway() || runtime::capture::recording_for(stream) == nullptr) {
+      runtime::synchronize_stream(stream);
+    }
     return;
   }
   // Device kernels: the native device itself, set through its own guard (NativeCall::Kind says when).

@@ -38,9 +38,11 @@
 #include <vector>
 
 #include "ops/routes/dispatch.h"
+#include "ops/routes/graph_capture.h"
 #include "ops/routes/native_call.h"
 #include "ops/routes/native_memory.h"
 #include "ops/routing/router.h"
+#include "runtime/graph.h"
 
 namespace flagos::ops {
 
@@ -305,6 +307,12 @@ struct UnboxedKernel<Op, Ret(Args...)> {
       if (C10_UNLIKELY(Traits::needs_composite(args...))) return Traits::composite(args...);
     }
     const c10::OperatorHandle& op = handle();
+    if (runtime::capture::underway()) {
+      // A graph capture (HAL mode): the boxed path records the call, or routes it as usual.
+      static const c10::BoxedKernel capture = c10::BoxedKernel::makeFromFunction<&capture_or_route>();
+      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+          capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
+    }
     const Backend backend = route(op).backend;
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(

@@ -257,6 +257,14 @@ class BackedMode final : public RuntimeMode {
     return device;
   }
 
+  std::unique_ptr<DeviceGraph> new_graph(bool keep_graph) override {
+    return new_backing_graph(backing_.type, keep_graph);
+  }
+  c10::MempoolId_t graph_pool_handle() override { return backing_graph_pool_handle(backing_.type); }
+  bool is_stream_capturing(const c10::Stream& stream) const override {
+    return backing_stream_is_capturing(backing_.stream(stream));
+  }
+
  private:
   Backing backing_;
   BackedGuard guard_;

@@ -4,7 +4,10 @@
 #include <c10/core/DeviceType.h>
 #include <flagos/loader.h>
 
+#include <memory>
 #include <optional>
+
+#include "runtime/graph.h"
 
 namespace flagos::runtime {
 class RuntimeMode;
@@ -17,5 +20,11 @@ namespace flagos::runtime::backed_mode {
 std::optional<c10::DeviceType> backing_type_for(const hal::HalTable& table);
 
 RuntimeMode* make_mode(c10::DeviceType type);
+
+// Graphs of the backing type (backed_graph.cpp: CUDA's when torch has CUDA).
+std::unique_ptr<DeviceGraph> new_backing_graph(c10::DeviceType type, bool keep_graph);
+c10::MempoolId_t backing_graph_pool_handle(c10::DeviceType type);
+// Whether work issued to a stream of the backing type is being captured.
+bool backing_stream_is_capturing(const c10::Stream& backing);
 
 }  // namespace flagos::runtime::backed_mode

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/borrowed_memory.h"
+#include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
 
 namespace flagos::runtime::hal_mode {
@@ -31,6 +32,7 @@ using c10::CachingDeviceAllocator::StatType;
 constexpr size_t kMinBlockSize = 512;         // every block is a multiple of this
 constexpr size_t kSmallSize = 1 << 20;        // blocks up to 1 MiB belong to the small pool
 constexpr size_t kLargeRounding = 128 << 10;  // large requests round to 128 KiB
+constexpr c10::MempoolId_t kGeneral{0, 0};    // not a graph's pool
 
 struct Block {
   c10::DeviceIndex device;
@@ -40,6 +42,7 @@ struct Block {
   void* ptr;
   ska::flat_hash_set<c10::StreamId> stream_uses;  // other streams that used it (record_stream)
   int pending_events = 0;
+  c10::MempoolId_t pool{0, 0};  // a graph's private pool, or {0, 0}: the device's general cache
 };
 
 struct BlockOrder {
@@ -50,8 +53,25 @@ struct BlockOrder {
   }
 };
 
+// A graph's private pool (runtime/graph.h): the blocks allocated while a capture allocates to it. Its free
+// blocks are reused only by allocations to the same pool, so the memory a captured graph reads and writes
+// stays the graph's until every graph using the pool has released it; then its blocks go back to the HAL
+// as they become free.
+struct PrivatePool {
+  int use_count = 0;  // captures and graphs holding the pool
+  size_t blocks = 0;  // blocks of the pool, live or free
+  std::set<Block*, BlockOrder> free_blocks;
+};
+
+struct PoolCapture {
+  c10::MempoolId_t pool;
+  c10::StreamId stream;  // allocations on this stream go to the pool
+};
+
 struct DeviceState {
   std::set<Block*, BlockOrder> free_blocks;
+  ska::flat_hash_map<c10::MempoolId_t, PrivatePool, c10::MempoolIdHash> pools;
+  std::vector<PoolCapture> to_pool;
   std::vector<std::pair<flagos_event_t, Block*>> pending;  // frees waiting on other streams
   std::vector<flagos_event_t> spare_events;
   DeviceStats stats;
@@ -123,8 +143,14 @@ class AllocatorState {
     std::unique_lock<std::mutex> lock(mutex_);
     DeviceState& st = state(device);
     process_pending(st);
-    Block* block = take_cached(st, stream, size);
-    if (block == nullptr) block = allocate_fresh(st, device, stream, size, nbytes, lock);
+    const c10::MempoolId_t pool_id = pool_for(st, stream);
+    PrivatePool* pool = pool_id == kGeneral ? nullptr : &st.pools.at(pool_id);
+    Block* block = take_cached(pool != nullptr ? pool->free_blocks : st.free_blocks, stream, size);
+    if (block == nullptr) {
+      block = allocate_fresh(st, device, stream, size, nbytes, lock);
+      block->pool = pool_id;
+      if (pool != nullptr) pool->blocks += 1;
+    }
     block->requested = nbytes;
     live_[block->ptr] = block;
     update_stat(st.stats.allocation, block->size, 1);
@@ -197,6 +223,43 @@ class AllocatorState {
     }
   }
 
+  // Graph pools (runtime/graph.h). A capture holds a reference to its pool from begin to its graph's reset.
+  void begin_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool, c10::StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceState& st = state(device);
+    st.pools[pool].use_count += 1;
+    st.to_pool.push_back({pool, stream});
+  }
+
+  void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& to_pool = state(device).to_pool;
+    for (auto it = to_pool.begin(); it != to_pool.end(); ++it) {
+      if (it->pool == pool) {
+        to_pool.erase(it);
+        return;
+      }
+    }
+  }
+
+  void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceState& st = state(device);
+    auto it = st.pools.find(pool);
+    if (it == st.pools.end() || --it->second.use_count > 0) return;
+    PrivatePool& p = it->second;
+    p.blocks -= p.free_blocks.size();
+    for (Block* block : p.free_blocks) free_to_hal(st, block);
+    p.free_blocks.clear();
+    if (p.blocks == 0) st.pools.erase(it);
+  }
+
+  bool in_pool(const void* ptr, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(const_cast<void*>(ptr));
+    return it != live_.end() && it->second->pool == pool;
+  }
+
   DeviceStats stats(c10::DeviceIndex device) {
     check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -243,16 +306,32 @@ class AllocatorState {
     return *slot;
   }
 
-  Block* take_cached(DeviceState& st, c10::StreamId stream, size_t size) {
+  Block* take_cached(std::set<Block*, BlockOrder>& free_blocks, c10::StreamId stream, size_t size) {
     Block key{0, stream, size, 0, nullptr, {}};
-    auto it = st.free_blocks.lower_bound(&key);
-    if (it == st.free_blocks.end() || (*it)->stream != stream) return nullptr;
+    auto it = free_blocks.lower_bound(&key);
+    if (it == free_blocks.end() || (*it)->stream != stream) return nullptr;
     // No splitting, so bound the waste: small blocks may be up to twice the request, large ones +25%.
     const size_t limit = is_small(size) ? 2 * size : size + size / 4;
     if ((*it)->size > limit) return nullptr;
     Block* block = *it;
-    st.free_blocks.erase(it);
+    free_blocks.erase(it);
     return block;
+  }
+
+  // The pool that allocations on `stream` go to now (kGeneral without a capture allocating to one).
+  static c10::MempoolId_t pool_for(const DeviceState& st, c10::StreamId stream) {
+    for (const PoolCapture& c : st.to_pool) {
+      if (c.stream == stream) return c.pool;
+    }
+    return kGeneral;
+  }
+
+  void free_to_hal(DeviceState& st, Block* block) {
+    hal().free(block->ptr);
+    st.stats.num_device_free += 1;
+    update_stat(st.stats.segment, block->size, -1);
+    update_stat(st.stats.reserved_bytes, block->size, -static_cast<int64_t>(block->size));
+    delete block;
   }
 
   Block* allocate_fresh(DeviceState& st, c10::DeviceIndex device, c10::StreamId stream, size_t size,
@@ -300,7 +379,18 @@ class AllocatorState {
   void return_to_cache(DeviceState& st, Block* block) {
     update_stat(st.stats.active, block->size, -1);
     update_stat(st.stats.active_bytes, block->size, -static_cast<int64_t>(block->size));
-    st.free_blocks.insert(block);
+    if (block->pool == kGeneral) {
+      st.free_blocks.insert(block);
+      return;
+    }
+    auto it = st.pools.find(block->pool);
+    if (it->second.use_count > 0) {
+      it->second.free_blocks.insert(block);
+      return;
+    }
+    // The pool was released while this block was in use: its memory goes back now.
+    free_to_hal(st, block);
+    if (--it->second.blocks == 0) st.pools.erase(it);
   }
 
   void process_pending(DeviceState& st) {
@@ -319,14 +409,7 @@ class AllocatorState {
   }
 
   void release_cached(DeviceState& st) {
-    const hal::HalTable& h = hal();
-    for (Block* block : st.free_blocks) {
-      h.free(block->ptr);
-      st.stats.num_device_free += 1;
-      update_stat(st.stats.segment, block->size, -1);
-      update_stat(st.stats.reserved_bytes, block->size, -static_cast<int64_t>(block->size));
-      delete block;
-    }
+    for (Block* block : st.free_blocks) free_to_hal(st, block);
     st.free_blocks.clear();
   }
 
@@ -407,7 +490,10 @@ class HalDeviceAllocator final : public c10::DeviceAllocator {
               "flagos_memcpy (device to device)");
   }
   bool initialized() override { return is_initialized(); }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { allocator_state().empty_cache(); }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    capture::check_allowed(nullptr, "empty_cache");
+    allocator_state().empty_cache();
+  }
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     // A flagos view of memory another storage owns (an adopted host-kernel output several results share,
     // a flagos alias of a flagos tensor): the block is the owner's.
@@ -434,6 +520,19 @@ c10::DeviceAllocator& device_allocator() {
 std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr) {
   if (ptr.get_deleter() != &free_ptr || ptr.get() == nullptr) return std::nullopt;
   return allocator_state().device_of(ptr.get());
+}
+
+void begin_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool, c10::StreamId stream) {
+  allocator_state().begin_allocate_to_pool(device, pool, stream);
+}
+void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  allocator_state().end_allocate_to_pool(device, pool);
+}
+void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  allocator_state().release_pool(device, pool);
+}
+bool in_pool(const void* ptr, c10::MempoolId_t pool) {
+  return allocator_state().in_pool(ptr, pool);
 }
 
 void install_host_kernel_allocator() {

@@ -2,6 +2,7 @@
 // cudaSetDevice), streams (hal_streams.h) and events.
 #include <c10/util/Exception.h>
 
+#include "runtime/graph.h"
 #include "runtime/hal/hal_parts.h"
 #include "runtime/hal/hal_streams.h"
 #include "runtime/hal_runtime.h"
@@ -95,6 +96,7 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeEvent(void* event) const override {
     if (event == nullptr) return;
+    capture::check_allowed(nullptr, "synchronizing an event");
     check_hal(hal().event_synchronize(as_event(event)), "flagos_event_synchronize");
   }
 
@@ -110,15 +112,20 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
+    capture::check_allowed(&stream, "querying a stream");
     flagos_status_t status = hal().stream_query(hal_stream(stream));
     if (status == FLAGOS_ERROR_NOT_READY) return false;
     check_hal(status, "flagos_stream_query");
     return true;
   }
 
-  void synchronizeStream(const c10::Stream& stream) const override { synchronize(stream); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    capture::check_allowed(&stream, "synchronizing a stream");
+    synchronize(stream);
+  }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    capture::check_allowed(nullptr, "synchronizing the device");
     check_hal(hal().device_synchronize(device_index), "flagos_device_synchronize");
   }
 

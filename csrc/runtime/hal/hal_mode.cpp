@@ -60,6 +60,12 @@ class HalMode final : public RuntimeMode {
     device.allocator = c10::GetAllocator(c10::DeviceType::CPU);  // the host-kernel wrapper, once installed
     return device;
   }
+
+  std::unique_ptr<DeviceGraph> new_graph(bool keep_graph) override { return hal_mode::new_graph(keep_graph); }
+  c10::MempoolId_t graph_pool_handle() override { return hal_mode::graph_pool_handle(); }
+  bool is_stream_capturing(const c10::Stream& stream) const override {
+    return hal_mode::is_stream_capturing(stream);
+  }
 };
 
 }  // namespace

@@ -5,7 +5,10 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <memory>
 #include <optional>
+
+#include "runtime/graph.h"
 
 namespace flagos::runtime::hal_mode {
 
@@ -16,9 +19,20 @@ const c10::impl::DeviceGuardImplInterface& guard();
 c10::DeviceAllocator& device_allocator();
 // The device a live block of that allocator was handed out on (whatever its DataPtr's label).
 std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr);
+// Graph pools of that allocator (hal_graph.cpp): while a capture allocates to `pool`, allocations on
+// `stream` come from it; release_pool drops one reference, and a pool nobody holds returns its memory.
+void begin_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool, c10::StreamId stream);
+void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool);
+void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool);
+bool in_pool(const void* ptr, c10::MempoolId_t pool);
 // Wraps the process's CPU allocator so that host kernels inside runtime::HostKernelAllocations allocate
 // flagos memory (once; see hal_device_allocator.cpp).
 void install_host_kernel_allocator();
+
+// Graphs: recordings of the work issued to a stream (hal_graph.cpp).
+std::unique_ptr<DeviceGraph> new_graph(bool keep_graph);
+c10::MempoolId_t graph_pool_handle();
+bool is_stream_capturing(const c10::Stream& stream);
 
 // The caching pinned host allocator over the HAL (hal_host_allocator.cpp).
 at::HostAllocator& host_allocator();

@@ -1,0 +1,101 @@
+// torch_fl._C's graph API (runtime/graph.h): the class torch.flagos.FlagosGraph derives from, the pool
+// handle and the capture query. Errors keep their torch types (torch.AcceleratorError for a failed capture).
+#include <ATen/core/Generator.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "python/bindings.h"
+#include "runtime/graph.h"
+#include "runtime/stream.h"
+
+namespace py = pybind11;
+
+namespace flagos::python {
+namespace {
+
+using runtime::DeviceGraph;
+
+// One graph; made lazily so that constructing the Python object never initialises the device.
+class PyGraph {
+ public:
+  explicit PyGraph(bool keep_graph) : keep_graph_(keep_graph) {}
+
+  DeviceGraph& graph() {
+    if (!graph_) graph_ = runtime::new_graph(keep_graph_);
+    return *graph_;
+  }
+
+ private:
+  bool keep_graph_;
+  std::unique_ptr<DeviceGraph> graph_;
+};
+
+// Runs `fn` without the GIL (replay and capture may take long, and other threads may issue work), with
+// torch's translation of C++ errors and warnings to Python.
+template <class Fn>
+auto without_gil(Fn&& fn) {
+  HANDLE_TH_ERRORS
+  py::gil_scoped_release no_gil;
+  return fn();
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+c10::MempoolId_t pool_from(const std::optional<std::pair<uint64_t, uint64_t>>& pool) {
+  if (!pool.has_value()) return {0, 0};
+  return {pool->first, pool->second};
+}
+
+}  // namespace
+
+void bind_graphs(py::module_& m) {
+  py::class_<PyGraph>(m, "_FlagosGraph")
+      .def(py::init<bool>(), py::arg("keep_graph") = false)
+      .def(
+          "capture_begin",
+          [](PyGraph& g, std::optional<std::pair<uint64_t, uint64_t>> pool, const std::string& mode) {
+            const runtime::CaptureErrorMode error_mode = [&] {
+              HANDLE_TH_ERRORS
+              return runtime::capture_error_mode_from(mode);
+              END_HANDLE_TH_ERRORS_PYBIND
+            }();
+            without_gil([&] { g.graph().capture_begin(pool_from(pool), error_mode); });
+          },
+          py::arg("pool") = py::none(), py::arg("capture_error_mode") = "default")
+      .def("capture_end", [](PyGraph& g) { without_gil([&] { g.graph().capture_end(); }); })
+      .def("instantiate", [](PyGraph& g) { without_gil([&] { g.graph().instantiate(); }); })
+      .def("replay", [](PyGraph& g) { without_gil([&] { g.graph().replay(); }); })
+      .def("reset", [](PyGraph& g) { without_gil([&] { g.graph().reset(); }); })
+      .def("pool",
+           [](PyGraph& g) {
+             const c10::MempoolId_t id = without_gil([&] { return g.graph().pool(); });
+             return py::make_tuple(id.first, id.second);
+           })
+      .def("enable_debug_mode", [](PyGraph& g) { without_gil([&] { g.graph().enable_debug_mode(); }); })
+      .def("debug_dump",
+           [](PyGraph& g, const std::string& path) { without_gil([&] { g.graph().debug_dump(path); }); })
+      .def("register_generator_state", [](PyGraph& g, const at::Generator& gen) {
+        without_gil([&] { g.graph().register_generator(gen); });
+      });
+
+  m.def("_graph_pool_handle", []() {
+    const c10::MempoolId_t id = without_gil([] { return runtime::graph_pool_handle(); });
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("_is_stream_capturing", [](int64_t id, int device) {
+    return without_gil([&] {
+      const c10::Stream stream(
+          c10::Stream::UNSAFE,
+          c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)), id);
+      return runtime::is_stream_capturing(stream);
+    });
+  });
+}
+
+}  // namespace flagos::python

@@ -1,0 +1,102 @@
+"""Greedy decoding with a static KV cache, its decode step captured once in a graph and replayed per token.
+
+Used by ``python -m torch_fl.demo --graphs`` and ``benchmarks/qwen3.py --graphs``. The step (forward of one
+token at a position held in a device tensor, argmax, the token written to the output buffer, the position
+advanced) touches only memory allocated before capture or by the capture itself, so one ``replay()`` is
+all the host does per token. ``graphs=False`` runs the same step eagerly: the parity reference.
+
+The graph API is the device's own (``torch.flagos`` or ``torch.cuda``), so the same decoder measures
+flagos against cuda.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _device_module(device: torch.device):
+    return getattr(torch, device.type)
+
+
+class StaticGreedyDecoder:
+    """Greedy decoder of a Hugging Face causal LM with transformers' ``StaticCache``.
+
+    ``generate(input_ids, new_tokens)`` returns the generated token ids (batch, new_tokens); prefill runs
+    eagerly, each decode step by graph replay when ``graphs`` is true.
+    """
+
+    def __init__(self, model, *, graphs: bool = True, warmup: int = 2):
+        self.model = model
+        self.graphs = graphs
+        self.warmup = warmup
+        self.graph = None
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        from transformers import StaticCache
+
+        model, device = self.model, input_ids.device
+        batch, prompt = input_ids.shape
+        dm = _device_module(device)
+        cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
+
+        out = model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            cache_position=torch.arange(prompt, device=device),
+            use_cache=True,
+        )
+        token = out.logits[:, -1:].argmax(-1)
+        del out
+        position = torch.full((1,), prompt, dtype=torch.long, device=device)
+        generated = torch.zeros(batch, new_tokens + 1, dtype=torch.long, device=device)
+        generated[:, :1] = token
+        slot = torch.zeros(1, dtype=torch.long, device=device)  # where the next token goes in `generated`
+
+        def step():
+            logits = model(
+                input_ids=token,
+                position_ids=position.view(1, 1).expand(batch, 1),
+                past_key_values=cache,
+                cache_position=position,
+                use_cache=True,
+            ).logits
+            next_token = logits[:, -1:].argmax(-1)
+            token.copy_(next_token)
+            slot.add_(1)
+            generated.index_copy_(1, slot, next_token)
+            position.add_(1)
+
+        if not self.graphs:
+            for _ in range(new_tokens - 1):
+                step()
+            return generated[:, :new_tokens].clone()
+
+        # Warm up on a side stream (lazy initialisation, autotuning, first-call compilation), undoing what
+        # the warm-up steps advanced; they wrote the cache at positions the replays overwrite.
+        # transformers' StaticLayer keeps its own write position (cumulative_length) besides cache_position.
+        counters = [
+            c for c in (getattr(layer, "cumulative_length", None) for layer in cache.layers) if c is not None
+        ]
+        saved = (token.clone(), position.clone(), slot.clone(), [c.clone() for c in counters])
+        side = dm.Stream()
+        side.wait_stream(dm.current_stream())
+        with dm.stream(side):
+            for _ in range(self.warmup):
+                step()
+        dm.current_stream().wait_stream(side)
+        token.copy_(saved[0])
+        position.copy_(saved[1])
+        slot.copy_(saved[2])
+        for counter, value in zip(counters, saved[3]):
+            counter.copy_(value)
+        generated[:, 1:].zero_()
+
+        graph_class = torch.flagos.FlagosGraph if device.type == "flagos" else torch.cuda.CUDAGraph
+        graph = graph_class()
+        with dm.graph(graph):
+            step()
+        self.graph = graph  # kept for inspection; its pool holds the step's memory
+        for _ in range(new_tokens - 1):
+            graph.replay()
+        return generated[:, :new_tokens].clone()
