@@ -31,8 +31,16 @@ CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op u
 and the N aten ops whose self host time on flagos exceeds the reference's most, with their calls on both:
 where the inference overhead goes.
 
+``--graphs``: greedy decode with a static KV cache (``torch_fl._static_decode``), batch 1, 16-token prompt,
+``--new-tokens`` tokens, in tokens/s of the decode loop: the reference device eager and with its graph
+(``torch.cuda.CUDAGraph`` on cuda), flagos eager and with ``torch.flagos.FlagosGraph`` for each config, and
+Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
+in a process that never imports torch_fl. The token ids of every graph run are checked against its eager
+run. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph / reference eager.
+
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
+    python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
 from __future__ import annotations
@@ -312,6 +320,87 @@ def _use_config(config: str, native_file: str) -> str:
     return os.path.abspath(config)
 
 
+def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int):
+    from torch_fl._static_decode import StaticGreedyDecoder
+
+    decoder = StaticGreedyDecoder(model, graphs=graphs)
+    speeds, tokens = [], None
+    for _ in range(repeats + 1):  # the first run warms up
+        tokens = decoder.generate(ids, new_tokens).cpu()
+        speeds.append((new_tokens - 1) / decoder.decode_seconds)
+    return statistics.median(speeds[1:]), tokens
+
+
+def graphs_main(master, spec, reference: str, configs: list[str], new_tokens: int, repeats: int) -> int:
+    ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    rows, failures = {}, []
+    ref_model = _qwen3.copy_to(master, reference)
+    rows[f"{reference} eager"], ref_tokens = _decode_tokens_per_s(
+        ref_model, ids.to(reference), new_tokens, False, repeats
+    )
+    if reference != "cpu":
+        rows[f"{reference} graph"], tokens = _decode_tokens_per_s(
+            ref_model, ids.to(reference), new_tokens, True, repeats
+        )
+        if not torch.equal(tokens, ref_tokens):
+            failures.append(f"{reference} graph tokens differ from {reference} eager")
+    del ref_model
+    fl_model = _qwen3.copy_to(master, "flagos")
+    with tempfile.TemporaryDirectory() as tmp:
+        native_file = os.path.join(tmp, "native.conf")
+        with open(native_file, "w") as f:
+            f.write("# no rules\n")
+        for config in configs:
+            _use_config(config, native_file)
+            name = "native" if config == "native" else os.path.basename(config)
+            eager, eager_tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, False, repeats)
+            rows[f"flagos eager ({name})"] = eager
+            try:
+                speed, tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, True, repeats)
+            except Exception as e:  # reported, not hidden: a config whose ops cannot be captured
+                failures.append(f"flagos graph ({name}): {type(e).__name__}: {str(e).splitlines()[0]}")
+                continue
+            rows[f"flagos graph ({name})"] = speed
+            if not torch.equal(tokens, eager_tokens):
+                failures.append(f"flagos graph ({name}) tokens differ from flagos eager ({name})")
+    del fl_model
+    try:
+        per_token = _qwen3.run_in_clean_process(
+            "hf_static_decode_seconds",
+            spec,
+            device=reference,
+            prompt=16,
+            tokens=(new_tokens // 2, new_tokens),
+            repeats=repeats,
+        )
+        rows[f"Hugging Face static cache ({reference}, clean process)"] = 1.0 / statistics.median(per_token)
+    except Exception as e:  # noqa: BLE001 - reported below
+        failures.append(f"Hugging Face static-cache anchor: {e}")
+
+    print(f"\ndecode tokens/s, batch 1, 16-token prompt, {new_tokens} new tokens (median of {repeats})")
+    for name, value in rows.items():
+        print(f"  {name:<58} {value:10.1f}")
+    native = rows.get("flagos graph (native)")
+    anchors = [
+        (f"{reference} graph", "flagos graph (native) / reference graph"),
+        (
+            f"Hugging Face static cache ({reference}, clean process)",
+            "flagos graph (native) / Hugging Face static",
+        ),
+        (f"{reference} eager", "flagos graph (native) / reference eager"),
+    ]
+    if native:
+        for key, label in anchors:
+            if key in rows:
+                print(f"  {label:<58} {native / rows[key]:10.2f}")
+    for name, value in rows.items():
+        if name.startswith("flagos graph (") and name != "flagos graph (native)":
+            print(f"  {name + ' / reference eager':<58} {value / rows[f'{reference} eager']:10.2f}")
+    for failure in failures:
+        print(f"  FAILED: {failure}")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -335,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="profile inference on both devices, list the N ops whose host time flagos exceeds most",
+    )
+    parser.add_argument(
+        "--graphs", action="store_true", help="static-cache decode: eager, graphs, Hugging Face"
     )
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -373,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; prefill 1x{sizes[0]}, "
         f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
     )
+    if args.graphs:
+        return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats)
     ref = Workload(master, spec, reference, sizes, c.vocab_size)
     fl = Workload(master, spec, "flagos", sizes, c.vocab_size)
     del master

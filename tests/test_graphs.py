@@ -181,7 +181,7 @@ def test_thread_local_and_relaxed_modes_allow_other_threads():
     for mode in ("thread_local", "relaxed"):
         errors = []
 
-        def other_thread():
+        def other_thread(errors=errors):
             try:
                 torch.flagos.synchronize()
             except Exception as e:  # noqa: BLE001 - recorded and asserted below
@@ -296,13 +296,13 @@ def test_make_graphed_callables_training_step_equals_eager():
     graphed = torch.flagos.make_graphed_callables(model, (sample,))
     opt_g = torch.optim.SGD(graphed.parameters(), lr=0.1)
     opt_e = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for step in range(3):
+    for _ in range(3):
         data = torch.randn(4, 8, device=DEV, requires_grad=True)
         for net, opt in ((graphed, opt_g), (ref, opt_e)):
             opt.zero_grad(set_to_none=True)
             net(data).pow(2).sum().backward()
             opt.step()
-    for (name, p), q in zip(graphed.named_parameters(), ref.parameters()):
+    for (name, p), q in zip(graphed.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.cpu(), q.cpu(), msg=name)
 
 

@@ -454,6 +454,34 @@ module._serve_clean_process(sys.argv[2], sys.argv[3])
 """
 
 
+def hf_static_decode_seconds(model, device: str, prompt: int, tokens: tuple[int, int], repeats: int) -> list[float]:
+    """Seconds per decoded token of Hugging Face's ``generate(cache_implementation="static")`` (which
+    compiles the forward and replays CUDA graphs on cuda): the difference between generating
+    ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process."""
+    model = copy_to(model, device)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+
+    def run(n: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                cache_implementation="static",
+            )
+        synchronize(device)
+        return time.perf_counter() - start
+
+    for n in tokens:  # compilation and warm-up for both lengths
+        run(n)
+    return [(run(tokens[1]) - run(tokens[0])) / (tokens[1] - tokens[0]) for _ in range(repeats)]
+
+
 def run_in_clean_process(function: str, master: dict, **kwargs):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
     process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here).

@@ -11,6 +11,8 @@ flagos against cuda.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 
@@ -30,6 +32,7 @@ class StaticGreedyDecoder:
         self.graphs = graphs
         self.warmup = warmup
         self.graph = None
+        self.decode_seconds = 0.0  # the last generate's decode loop (after prefill, warm-up and capture)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -68,8 +71,12 @@ class StaticGreedyDecoder:
             position.add_(1)
 
         if not self.graphs:
+            dm.synchronize()
+            start = time.perf_counter()
             for _ in range(new_tokens - 1):
                 step()
+            dm.synchronize()
+            self.decode_seconds = time.perf_counter() - start
             return generated[:, :new_tokens].clone()
 
         # Warm up on a side stream (lazy initialisation, autotuning, first-call compilation), undoing what
@@ -88,7 +95,7 @@ class StaticGreedyDecoder:
         token.copy_(saved[0])
         position.copy_(saved[1])
         slot.copy_(saved[2])
-        for counter, value in zip(counters, saved[3]):
+        for counter, value in zip(counters, saved[3], strict=True):
             counter.copy_(value)
         generated[:, 1:].zero_()
 
@@ -97,6 +104,10 @@ class StaticGreedyDecoder:
         with dm.graph(graph):
             step()
         self.graph = graph  # kept for inspection; its pool holds the step's memory
+        dm.synchronize()
+        start = time.perf_counter()
         for _ in range(new_tokens - 1):
             graph.replay()
+        dm.synchronize()
+        self.decode_seconds = time.perf_counter() - start
         return generated[:, :new_tokens].clone()

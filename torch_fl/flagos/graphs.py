@@ -179,7 +179,7 @@ def make_graphed_callables(
         sample_args = (sample_args,)
 
     flat_samples = []
-    for c, args in zip(callables, sample_args):
+    for c, args in zip(callables, sample_args, strict=True):
         if isinstance(c, torch.nn.Module):
             if c._backward_hooks or c._forward_hooks or c._forward_pre_hooks:
                 raise RuntimeError("Modules must not have hooks registered at the time they are passed.")
@@ -205,11 +205,11 @@ def make_graphed_callables(
     side = torch.flagos.Stream()
     side.wait_stream(torch.flagos.current_stream())
     with torch.flagos.stream(side):
-        for func, args, inputs, grads in zip(callables, sample_args, static_inputs, needs_grad):
+        for func, args, inputs, grads in zip(callables, sample_args, static_inputs, needs_grad, strict=True):
             for _ in range(num_warmup_iters):
                 outputs, _ = tree_flatten(func(*args))
                 outputs = tuple(o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad)
-                grad_inputs = tuple(i for i, g in zip(inputs, grads) if g)
+                grad_inputs = tuple(i for i, g in zip(inputs, grads, strict=True) if g)
                 if outputs and grad_inputs:
                     torch.autograd.grad(
                         outputs,
@@ -224,7 +224,7 @@ def make_graphed_callables(
 
     # Forward graphs, in order, then backward graphs in reverse order, all in one pool.
     static_outputs, output_specs = [], []
-    for func, args, fwd in zip(callables, sample_args, fwd_graphs):
+    for func, args, fwd in zip(callables, sample_args, fwd_graphs, strict=True):
         with graph(fwd, pool=mempool):
             out = func(*args)
         flat_out, spec = tree_flatten(out)
@@ -237,7 +237,7 @@ def make_graphed_callables(
             o for o in static_outputs[i] if isinstance(o, torch.Tensor) and o.requires_grad
         )
         grad_outs = tuple(torch.empty_like(o) if o.requires_grad else None for o in static_outputs[i])
-        inputs_needing_grad = tuple(t for t, g in zip(static_inputs[i], needs_grad[i]) if g)
+        inputs_needing_grad = tuple(t for t, g in zip(static_inputs[i], needs_grad[i], strict=True) if g)
         with graph(bwd_graphs[i], pool=mempool):
             grads = (
                 torch.autograd.grad(
@@ -261,7 +261,7 @@ def make_graphed_callables(
         class Graphed(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *inputs):
-                for static, given in zip(static_inputs[i][:n_user], inputs[:n_user]):
+                for static, given in zip(static_inputs[i][:n_user], inputs[:n_user], strict=True):
                     if static.data_ptr() != given.data_ptr():
                         static.copy_(given)
                 fwd.replay()
@@ -269,7 +269,7 @@ def make_graphed_callables(
 
             @staticmethod
             def backward(ctx, *grads):
-                for static, given in zip(static_grad_outputs[i], grads):
+                for static, given in zip(static_grad_outputs[i], grads, strict=True):
                     if static is not None and given is not None and static.data_ptr() != given.data_ptr():
                         static.copy_(given)
                 bwd.replay()
