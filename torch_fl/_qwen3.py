@@ -454,7 +454,9 @@ module._serve_clean_process(sys.argv[2], sys.argv[3])
 """
 
 
-def hf_static_decode_seconds(model, device: str, prompt: int, tokens: tuple[int, int], repeats: int) -> list[float]:
+def hf_static_decode_seconds(
+    model, device: str, prompt: int, tokens: tuple[int, int], repeats: int
+) -> list[float]:
     """Seconds per decoded token of Hugging Face's ``generate(cache_implementation="static")`` (which
     compiles the forward and replays CUDA graphs on cuda): the difference between generating
     ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process."""

@@ -104,14 +104,14 @@ Recording* recording_for(const c10::Stream& stream) {
   return nullptr;
 }
 
-void check_allowed(const c10::Stream* stream, const char* what) {
+void check_allowed(const c10::Stream* stream, const char* what, int whole_device) {
   if (!underway()) return;
   Registry& r = registry();
   std::unique_lock<std::mutex> lock(r.mu);
   const std::thread::id self = std::this_thread::get_id();
   for (const Capture& c : r.captures) {
     std::string reason;
-    if (stream != nullptr && *stream == c.stream) {
+    if ((stream != nullptr && *stream == c.stream) || whole_device == c.stream.device_index()) {
       reason = std::string(what) + " waits for the capturing stream";
     } else if (c.mode == CaptureErrorMode::kDefault || c.mode == CaptureErrorMode::kGlobal) {
       reason = std::string(what) + " during a capture in capture_error_mode 'global'";

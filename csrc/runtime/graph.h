@@ -93,8 +93,10 @@ Recording* recording_for(const c10::Stream& stream);
 // For calls a capture forbids (they wait for the device, read device memory on the host, or free device
 // memory): throws torch.AcceleratorError, as CUDA does for the same call during stream capture, and marks
 // the captures it breaks failed. `stream` is the stream the call waits for (nullptr: the whole device or
-// process). Allowed calls return at once; no capture underway costs one load.
-void check_allowed(const c10::Stream* stream, const char* what);
+// process). `whole_device`: the call waits for every stream of `device` (a device synchronize), which
+// conflicts with a capture on that device in every mode, as on CUDA. Allowed calls return at once; no capture
+// underway costs one load.
+void check_allowed(const c10::Stream* stream, const char* what, int whole_device = -1);
 
 // Fails `recording`'s capture because of `reason` (a call it cannot capture) and throws
 // torch.AcceleratorError.

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "runtime/borrowed_memory.h"
-#include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
 
 namespace flagos::runtime::hal_mode {
@@ -490,10 +489,8 @@ class HalDeviceAllocator final : public c10::DeviceAllocator {
               "flagos_memcpy (device to device)");
   }
   bool initialized() override { return is_initialized(); }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    capture::check_allowed(nullptr, "empty_cache");
-    allocator_state().empty_cache();
-  }
+  // Allowed during a capture, as torch's CUDA allocator allows it: graph pools keep their blocks.
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { allocator_state().empty_cache(); }
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     // A flagos view of memory another storage owns (an adopted host-kernel output several results share,
     // a flagos alias of a flagos tensor): the block is the owner's.

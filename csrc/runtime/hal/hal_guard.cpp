@@ -125,7 +125,7 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    capture::check_allowed(nullptr, "synchronizing the device");
+    capture::check_allowed(nullptr, "synchronizing the device", device_index);
     check_hal(hal().device_synchronize(device_index), "flagos_device_synchronize");
   }
 
