@@ -24,6 +24,7 @@ namespace flagos::ops {
 namespace {
 
 using native_memory::kFlagos;
+using native_memory::map_tensors;
 using native_memory::tensor_over;
 using runtime::capture::Recording;
 
@@ -57,31 +58,6 @@ std::optional<c10::Device> call_device(c10::ArrayRef<c10::IValue> args) {
     }
   }
   return std::nullopt;
-}
-
-// Maps every tensor inside `v` (tensors, tensor lists, optional tensor lists) through `fn`.
-template <class Fn>
-c10::IValue map_tensors(const c10::IValue& v, Fn&& fn) {
-  if (v.isTensor()) return fn(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList()) list.push_back(fn(t));
-    return list;
-  }
-  if (v.isList()) {
-    auto elements = v.toListRef();
-    if (elements.empty() || (!elements[0].isNone() && !elements[0].isTensor())) return v;
-    c10::List<std::optional<at::Tensor>> list;
-    for (const c10::IValue& e : elements) {
-      if (e.isTensor()) {
-        list.push_back(fn(e.toTensor()));
-      } else {
-        list.push_back(std::nullopt);
-      }
-    }
-    return list;
-  }
-  return v;
 }
 
 bool is_tensor_type(const c10::TypePtr& type) {

@@ -110,24 +110,8 @@ class AliasScope {
   }
 
   c10::IValue alias_value(const c10::IValue& v) {
-    if (v.isTensor()) return alias(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(alias(t));
-      return list;
-    }
-    if (v.isList()) {
-      auto elements = v.toListRef();
-      if (elements.empty() || (!elements[0].isNone() && !elements[0].isTensor())) return v;
-      c10::List<std::optional<at::Tensor>> list;
-      for (const c10::IValue& e : elements) {
-        if (e.isTensor()) {
-          list.push_back(alias(e.toTensor()));
-        } else {
-          list.push_back(std::nullopt);
-        }
-      }
-      return list;
+    if (v.isTensor() || v.isList()) {
+      return map_tensors(v, [this](const at::Tensor& t) -> at::Tensor { return alias(t); });
     }
     if (v.isGenerator()) {
       const at::Generator& gen = v.toGenerator();

@@ -4,7 +4,9 @@
 // native-route call.
 #pragma once
 
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/DispatchKey.h>
@@ -13,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <cstddef>
+#include <optional>
 #include <utility>
 
 #include "runtime/allocator.h"
@@ -34,6 +37,32 @@ inline const runtime::NativeDevice& native() {
 inline c10::DispatchKey dense_key(c10::DeviceType type) {
   if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
   return type == native().type ? native().key : c10::DispatchKey::CPU;
+}
+
+// `v` with every tensor in it mapped through `fn`: a tensor, a tensor list, or an optional-tensor list
+// (anything else as it is). The kinds of tensor arguments an op's stack holds.
+template <class Fn>
+c10::IValue map_tensors(const c10::IValue& v, Fn&& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(fn(t));
+    return list;
+  }
+  if (v.isList()) {
+    auto elements = v.toListRef();
+    if (elements.empty() || (!elements[0].isNone() && !elements[0].isTensor())) return v;
+    c10::List<std::optional<at::Tensor>> list;
+    for (const c10::IValue& e : elements) {
+      if (e.isTensor()) {
+        list.push_back(fn(e.toTensor()));
+      } else {
+        list.push_back(std::nullopt);
+      }
+    }
+    return list;
+  }
+  return v;
 }
 
 // A tensor of device type `type` with t's dtype, geometry and conjugate/negative bits over `storage`.
