@@ -55,6 +55,10 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 # Validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or variable).
 from torch_fl import routing  # noqa: E402
 
+# Registers the flagos c10d backend (torch.distributed is loaded by `import torch` already: this costs a
+# few dictionary entries).
+from torch_fl import distributed  # noqa: E402
+
 
 def build_info() -> dict:
     """What this build of torch_fl contains: version, the torch it was built against, HALs built."""
@@ -121,6 +125,7 @@ def get_registered_ops() -> list[str]:
 __all__ = [
     "flagos",
     "routing",
+    "distributed",
     "build_info",
     "accelerator",
     "as_cuda",
