@@ -49,8 +49,19 @@ constexpr int64_t kNumReduceOps = sizeof(kReduceOpNames) / sizeof(kReduceOpNames
 
 // Marks a row as a flagos fingerprint ("flagos" in ASCII): a rank whose row lacks it ran something else.
 constexpr int64_t kMagic = 0x666c61676f73;
-enum Field : int64_t { kMagicField, kCollectiveField, kReduceOpField, kRootField, kCountField, kHashField };
-constexpr int64_t kFirstTensor = 6;
+enum Field : int64_t {
+  kMagicField,
+  kCollectiveField,
+  kInvalidField,
+  kReduceOpField,
+  kRootField,
+  kCountField,
+  kHashField,
+  kFirstTensor
+};
+static_assert(kFirstTensor + CollectiveFingerprint::kDetailedTensors * CollectiveFingerprint::kPerTensor ==
+                  CollectiveFingerprint::kLength,
+              "kLength must cover the fields and the detailed tensors");
 
 std::string describe(const int64_t* tensor_row) {
   std::ostringstream out;
@@ -137,15 +148,24 @@ void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op) {
   }
 }
 
-CollectiveFingerprint::CollectiveFingerprint(Collective collective, int64_t reduce_op, int64_t root)
+CollectiveFingerprint::CollectiveFingerprint(Collective collective)
     : values_(kLength, -1), hash_(1469598103934665603ull) {
   values_[kMagicField] = kMagic;
   values_[kCollectiveField] = static_cast<int64_t>(collective);
-  values_[kReduceOpField] = reduce_op;
-  values_[kRootField] = root;
+  values_[kInvalidField] = 0;
   values_[kCountField] = 0;
   values_[kHashField] = 0;
 }
+
+void CollectiveFingerprint::set_reduce_op(const c10d::ReduceOp& op) {
+  values_[kReduceOpField] = static_cast<int64_t>(op.op_);
+}
+
+void CollectiveFingerprint::set_root(int64_t root) { values_[kRootField] = root; }
+
+void CollectiveFingerprint::mark_invalid() { values_[kInvalidField] = 1; }
+
+bool CollectiveFingerprint::invalid(const int64_t* row) { return row[kInvalidField] != 0; }
 
 void CollectiveFingerprint::add(const at::Tensor& tensor, bool shape) {
   const int64_t dtype = static_cast<int64_t>(tensor.scalar_type());

@@ -76,14 +76,20 @@ class CollectiveFingerprint {
   static constexpr int64_t kDetailedTensors = 4;  // tensors described in full; the rest by a hash
   static constexpr int64_t kMaxDims = 6;          // dims described in full; more by the hash
   static constexpr int64_t kPerTensor = 2 + kMaxDims;
-  static constexpr int64_t kLength = 6 + kDetailedTensors * kPerTensor;
+  static constexpr int64_t kLength = 7 + kDetailedTensors * kPerTensor;
 
-  CollectiveFingerprint(Collective collective, int64_t reduce_op = -1, int64_t root = -1);
+  explicit CollectiveFingerprint(Collective collective);
+  void set_reduce_op(const c10d::ReduceOp& op);
+  void set_root(int64_t root);
   // A tensor that must have the same dtype, and with `shape` the same shape, on every rank.
   void add(const at::Tensor& tensor, bool shape = true);
   void add(const std::vector<at::Tensor>& tensors, bool shape = true);
+  // This rank's call failed its own checks: the other ranks raise too instead of waiting for it.
+  void mark_invalid();
   const std::vector<int64_t>& values() const { return values_; }
 
+  // Whether the fingerprint `row` (another rank's) marks an invalid call.
+  static bool invalid(const int64_t* row);
   // The first difference between this rank's fingerprint and `other` (rank `other_rank`'s), as a sentence
   // naming both ranks, or an empty string when they agree.
   std::string mismatch(int my_rank, const int64_t* other, int other_rank) const;

@@ -66,18 +66,36 @@ class Call {
       : backend_(backend),
         lock_(backend.call_mutex_),
         site_{collective, backend.getRank()},
+        fingerprint_(collective),
         completion_(std::make_shared<Completion>()) {}
 
   const CallSite& site() const { return site_; }
+  CollectiveFingerprint& fingerprint() { return fingerprint_; }
   int rank() const { return backend_.getRank(); }
   int64_t size() const { return backend_.getSize(); }
+
+  // ---- Checks --------------------------------------------------------------------------------------------
+  // Runs this rank's checks (`checks()` throws what is wrong and fills the fingerprint), then agree()s with
+  // the other ranks: with the comparison on, a rank whose checks failed still takes part in it, so every
+  // rank raises instead of the others waiting for it.
+  template <class Checks>
+  void validate(Checks&& checks) {
+    std::exception_ptr error;
+    try {
+      checks();
+    } catch (const c10::Error&) {
+      error = std::current_exception();
+      fingerprint_.mark_invalid();
+    }
+    agree(error);
+  }
 
   void check(const std::string& role, const TensorList& tensors) {
     check_flagos_tensors(site_, role, tensors, device_);
   }
   void check(const std::string& role, const at::Tensor& tensor) { check_flagos_tensor(site_, role, tensor, device_); }
   void check(const std::string& role, const TensorLists& lists) {
-    for (size_t i = 0; i < lists.size(); ++i) check(c10::str(role, " ", i), lists[i]);
+    for (size_t i = 0; i < lists.size(); ++i) check(c10::str(role, " ", i, ", tensor"), lists[i]);
   }
   // `lists[i]` holds one tensor per rank, each fitting `tensors[i]`.
   void check_per_rank(const std::string& tensors_role, const TensorList& tensors, const std::string& lists_role,
@@ -88,10 +106,23 @@ class Call {
       TORCH_CHECK_VALUE(static_cast<int64_t>(lists[i].size()) == size(), site_.context(), ": ", lists_role, " ", i,
                         " has ", lists[i].size(), " tensors; it must have one per rank (world size ", size(), ")");
       for (size_t j = 0; j < lists[i].size(); ++j) {
-        check_fits(site_, c10::str(tensors_role, " ", i), tensors[i], c10::str(lists_role, " ", i, " tensor ", j),
+        check_fits(site_, c10::str(tensors_role, " ", i), tensors[i], c10::str(lists_role, " ", i, ", tensor ", j),
                    lists[i][j], 1);
       }
     }
+  }
+  // `outputs[i]` holds `factor` times `inputs[i]` (factor 1: as many elements).
+  void check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role, const TensorList& b,
+                   int64_t factor) {
+    TORCH_CHECK_VALUE(a.size() == b.size(), site_.context(), ": ", a.size(), " ", a_role, "s and ", b.size(), " ",
+                      b_role, "s; it takes one ", b_role, " per ", a_role);
+    for (size_t i = 0; i < a.size(); ++i) {
+      check_fits(site_, c10::str(a_role, " ", i), a[i], c10::str(b_role, " ", i), b[i], factor);
+    }
+  }
+  void check_reduce(const ReduceOp& op) {
+    check_reduce_op(site_, op);
+    fingerprint_.set_reduce_op(op);
   }
 
   c10::Device device() const {
@@ -99,40 +130,11 @@ class Call {
   }
   void set_device(c10::Device device) { device_ = device; }
 
-  // Every rank runs the collective `fingerprint` describes (FlagosBackend::Config::check_across_ranks).
-  void agree(const CollectiveFingerprint& fingerprint) {
-    if (!backend_.config_.check_across_ranks || size() == 1) return;
-    // Inside the inner backend's own coalescing group (NCCL) nothing can be waited for.
-    if (backend_.coalescing_ && backend_.inner_coalesces_) return;
-    const auto& mine = fingerprint.values();
-    const at::Tensor local = at::tensor(mine, at::kLong).to(device());
-    const at::Tensor all = at::empty({size() * CollectiveFingerprint::kLength}, local.options());
-    at::Tensor native_in = ops::alias_as_native(local);
-    at::Tensor native_out = ops::alias_as_native(all);
-    order_with_current_stream();
-    try {
-      backend_.inner_->_allgather_base(native_out, native_in, c10d::AllgatherOptions())->wait();
-    } catch (...) {
-      std::rethrow_exception(
-          as_distributed_error(std::current_exception(), site_.context() + " (comparing the call across ranks)"));
-    }
-    const at::Tensor rows = all.cpu();
-    const int64_t* data = rows.const_data_ptr<int64_t>();
-    for (int other = 0; other < size(); ++other) {
-      if (other == rank()) continue;
-      const std::string mismatch =
-          fingerprint.mismatch(rank(), data + other * CollectiveFingerprint::kLength, other);
-      TORCH_CHECK_VALUE(mismatch.empty(), site_.context(), " does not match across ranks: ", mismatch,
-                        ". Every rank must run the same collectives in the same order, with tensors of the "
-                        "same shapes and dtypes.");
-    }
-  }
-
+  // ---- Reduce ops the inner backend lacks ------------------------------------------------------------------
   // The reduce op to hand the inner backend for `op`. An AVG the inner backend lacks becomes a SUM whose
   // `results` are divided by the world size when it completes; a PREMUL_SUM becomes a SUM of
   // premultiplied() inputs.
   ReduceOp reduce_op(const ReduceOp& op, const TensorList& results) {
-    check_reduce_op(site_, op);
     if (backend_.config_.native_avg_and_premul) {
       if (op.op_ == ReduceOp::PREMUL_SUM) {
         const at::Tensor& factor = premul_factor(op).tensor_factor;
@@ -178,6 +180,7 @@ class Call {
   // A step that finishes the collective after its communication (before an AVG's division).
   void then(std::function<void()> step) { completion_->add(std::move(step)); }
 
+  // ---- The inner backend's call ----------------------------------------------------------------------------
   // Native-device aliases over the same memory, each holding the flagos storage.
   static at::Tensor alias(const at::Tensor& t) { return ops::alias_as_native(t); }
   static TensorList alias(const TensorList& ts) {
@@ -221,6 +224,42 @@ class Call {
   }
 
  private:
+  // Every rank runs the collective the fingerprint describes (FlagosBackend::Config::check_across_ranks);
+  // `error` is this rank's failed check, raised after the comparison.
+  void agree(const std::exception_ptr& error) {
+    // Without the comparison, or inside the inner backend's own coalescing group (NCCL), where nothing can
+    // be waited for, each rank answers for itself.
+    if (!backend_.config_.check_across_ranks || size() == 1 || (backend_.coalescing_ && backend_.inner_coalesces_)) {
+      if (error) std::rethrow_exception(error);
+      return;
+    }
+    const auto& mine = fingerprint_.values();
+    const at::Tensor local = at::tensor(mine, at::kLong).to(device());
+    const at::Tensor all = at::empty({size() * CollectiveFingerprint::kLength}, local.options());
+    at::Tensor native_in = ops::alias_as_native(local);
+    at::Tensor native_out = ops::alias_as_native(all);
+    order_with_current_stream();
+    try {
+      backend_.inner_->_allgather_base(native_out, native_in, c10d::AllgatherOptions())->wait();
+    } catch (...) {
+      std::rethrow_exception(
+          as_distributed_error(std::current_exception(), site_.context() + " (comparing the call across ranks)"));
+    }
+    if (error) std::rethrow_exception(error);
+    const at::Tensor rows = all.cpu();
+    const int64_t* data = rows.const_data_ptr<int64_t>();
+    for (int other = 0; other < size(); ++other) {
+      if (other == rank()) continue;
+      const int64_t* row = data + other * CollectiveFingerprint::kLength;
+      TORCH_CHECK_VALUE(!CollectiveFingerprint::invalid(row), site_.context(), ": rank ", other,
+                        " passed invalid arguments to the same call (its own error says which)");
+      const std::string mismatch = fingerprint_.mismatch(rank(), row, other);
+      TORCH_CHECK_VALUE(mismatch.empty(), site_.context(), " does not match across ranks: ", mismatch,
+                        ". Every rank must run the same collectives in the same order, with tensors of the "
+                        "same shapes and dtypes.");
+    }
+  }
+
   // With host kernels (the HAL mode) the memory is read and written by the inner backend's host threads:
   // the work queued on flagos's current stream lands first, as before a host kernel on the native route.
   // Device kernels (backed by CUDA) are ordered by the inner backend itself: its stream waits for the
@@ -234,6 +273,7 @@ class Call {
   FlagosBackend& backend_;
   std::unique_lock<std::mutex> lock_;
   CallSite site_;
+  CollectiveFingerprint fingerprint_;
   std::optional<c10::Device> device_;
   std::shared_ptr<Completion> completion_;
 };
@@ -293,21 +333,22 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::endCoalescing() {
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
   Call call(*this, Collective::kBroadcast);
-  call.check("tensor", tensors);
-  CollectiveFingerprint fp(Collective::kBroadcast, -1, opts.rootRank);
-  fp.add(tensors);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("tensor", tensors);
+    call.fingerprint().set_root(opts.rootRank);
+    call.fingerprint().add(tensors);
+  });
   auto native = Call::alias(tensors);
   return call.issue(tensors, [&] { return inner_->broadcast(native, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   Call call(*this, Collective::kAllReduce);
-  call.check("tensor", tensors);
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kAllReduce, opts.reduceOp.op_);
-  fp.add(tensors);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("tensor", tensors);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().add(tensors);
+  });
   c10d::AllreduceOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, tensors);
   call.premultiply_in_place(opts.reduceOp, tensors);
@@ -318,11 +359,11 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce(TensorList& tensors, con
 c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce_coalesced(TensorList& tensors,
                                                                   const c10d::AllreduceCoalescedOptions& opts) {
   Call call(*this, Collective::kAllReduceCoalesced);
-  call.check("tensor", tensors);
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kAllReduceCoalesced, opts.reduceOp.op_);
-  fp.add(tensors);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("tensor", tensors);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().add(tensors);
+  });
   c10d::AllreduceCoalescedOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, tensors);
   call.premultiply_in_place(opts.reduceOp, tensors);
@@ -332,11 +373,12 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce_coalesced(TensorList& te
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
   Call call(*this, Collective::kReduce);
-  call.check("tensor", tensors);
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kReduce, opts.reduceOp.op_, opts.rootRank);
-  fp.add(tensors);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("tensor", tensors);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().set_root(opts.rootRank);
+    call.fingerprint().add(tensors);
+  });
   const bool root = opts.rootRank == rank_;
   c10d::ReduceOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, root ? tensors : TensorList{});
@@ -355,12 +397,12 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce(TensorList& tensors, const 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather(TensorLists& outputs, TensorList& inputs,
                                                         const c10d::AllgatherOptions& opts) {
   Call call(*this, Collective::kAllGather);
-  call.check("input", inputs);
-  call.check("output list", outputs);
-  call.check_per_rank("input", inputs, "output list", outputs);
-  CollectiveFingerprint fp(Collective::kAllGather);
-  fp.add(inputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("input", inputs);
+    call.check("output list", outputs);
+    call.check_per_rank("input", inputs, "output list", outputs);
+    call.fingerprint().add(inputs);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(flatten(outputs), [&] { return inner_->allgather(native_out, native_in, opts); });
@@ -369,12 +411,12 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather(TensorLists& outputs, Te
 c10::intrusive_ptr<c10d::Work> FlagosBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                               const c10d::AllgatherOptions& opts) {
   Call call(*this, Collective::kAllGatherIntoTensor);
-  call.check("input", input);
-  call.check("output", output);
-  check_fits(call.site(), "the input", input, "the output", output, size_);
-  CollectiveFingerprint fp(Collective::kAllGatherIntoTensor);
-  fp.add(input);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("the input", input);
+    call.check("the output", output);
+    check_fits(call.site(), "the input", input, "the output", output, size_);
+    call.fingerprint().add(input);
+  });
   at::Tensor native_out = Call::alias(output);
   at::Tensor native_in = Call::alias(input);
   return call.issue({output}, [&] { return inner_->_allgather_base(native_out, native_in, opts); });
@@ -383,11 +425,11 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::_allgather_base(at::Tensor& output
 c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_coalesced(TensorLists& outputs, TensorList& inputs,
                                                                   const c10d::AllgatherOptions& opts) {
   Call call(*this, Collective::kAllGatherCoalesced);
-  call.check("input", inputs);
-  call.check("output list", outputs);
-  CollectiveFingerprint fp(Collective::kAllGatherCoalesced);
-  fp.add(inputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("input", inputs);
+    call.check("output list", outputs);
+    call.fingerprint().add(inputs);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(flatten(outputs), [&] { return inner_->allgather_coalesced(native_out, native_in, opts); });
@@ -397,16 +439,12 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_into_tensor_coalesced(Te
                                                                               TensorList& inputs,
                                                                               const c10d::AllgatherOptions& opts) {
   Call call(*this, Collective::kAllGatherIntoTensorCoalesced);
-  call.check("input", inputs);
-  call.check("output", outputs);
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), call.site().context(), ": ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs; it takes one output per input");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_fits(call.site(), c10::str("input ", i), inputs[i], c10::str("output ", i), outputs[i], size_);
-  }
-  CollectiveFingerprint fp(Collective::kAllGatherIntoTensorCoalesced);
-  fp.add(inputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("input", inputs);
+    call.check("output", outputs);
+    call.check_pairs("input", inputs, "output", outputs, size_);
+    call.fingerprint().add(inputs);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(outputs,
@@ -416,12 +454,13 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_into_tensor_coalesced(Te
 c10::intrusive_ptr<c10d::Work> FlagosBackend::gather(TensorLists& outputs, TensorList& inputs,
                                                      const c10d::GatherOptions& opts) {
   Call call(*this, Collective::kGather);
-  call.check("input", inputs);
-  call.check("output list", outputs);
-  if (opts.rootRank == rank_) call.check_per_rank("input", inputs, "output list", outputs);
-  CollectiveFingerprint fp(Collective::kGather, -1, opts.rootRank);
-  fp.add(inputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("input", inputs);
+    call.check("output list", outputs);
+    if (opts.rootRank == rank_) call.check_per_rank("input", inputs, "output list", outputs);
+    call.fingerprint().set_root(opts.rootRank);
+    call.fingerprint().add(inputs);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(flatten(outputs), [&] { return inner_->gather(native_out, native_in, opts); });
@@ -430,12 +469,13 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::gather(TensorLists& outputs, Tenso
 c10::intrusive_ptr<c10d::Work> FlagosBackend::scatter(TensorList& outputs, TensorLists& inputs,
                                                       const c10d::ScatterOptions& opts) {
   Call call(*this, Collective::kScatter);
-  call.check("output", outputs);
-  call.check("input list", inputs);
-  if (opts.rootRank == rank_) call.check_per_rank("output", outputs, "input list", inputs);
-  CollectiveFingerprint fp(Collective::kScatter, -1, opts.rootRank);
-  fp.add(outputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("output", outputs);
+    call.check("input list", inputs);
+    if (opts.rootRank == rank_) call.check_per_rank("output", outputs, "input list", inputs);
+    call.fingerprint().set_root(opts.rootRank);
+    call.fingerprint().add(outputs);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(outputs, [&] { return inner_->scatter(native_out, native_in, opts); });
@@ -444,13 +484,13 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::scatter(TensorList& outputs, Tenso
 c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter(TensorList& outputs, TensorLists& inputs,
                                                              const c10d::ReduceScatterOptions& opts) {
   Call call(*this, Collective::kReduceScatter);
-  call.check("output", outputs);
-  call.check("input list", inputs);
-  call.check_per_rank("output", outputs, "input list", inputs);
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kReduceScatter, opts.reduceOp.op_);
-  fp.add(outputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("output", outputs);
+    call.check("input list", inputs);
+    call.check_per_rank("output", outputs, "input list", inputs);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().add(outputs);
+  });
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);
@@ -461,13 +501,13 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter(TensorList& outputs
 c10::intrusive_ptr<c10d::Work> FlagosBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::ReduceScatterOptions& opts) {
   Call call(*this, Collective::kReduceScatterTensor);
-  call.check("output", output);
-  call.check("input", input);
-  check_fits(call.site(), "the output", output, "the input", input, size_);
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kReduceScatterTensor, opts.reduceOp.op_);
-  fp.add(output);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("the output", output);
+    call.check("the input", input);
+    check_fits(call.site(), "the output", output, "the input", input, size_);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().add(output);
+  });
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, {output});
   at::Tensor native_out = Call::alias(output);
@@ -478,17 +518,13 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::_reduce_scatter_base(at::Tensor& o
 c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter_tensor_coalesced(
     TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
   Call call(*this, Collective::kReduceScatterTensorCoalesced);
-  call.check("output", outputs);
-  call.check("input", inputs);
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), call.site().context(), ": ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs; it takes one output per input");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_fits(call.site(), c10::str("output ", i), outputs[i], c10::str("input ", i), inputs[i], size_);
-  }
-  check_reduce_op(call.site(), opts.reduceOp);
-  CollectiveFingerprint fp(Collective::kReduceScatterTensorCoalesced, opts.reduceOp.op_);
-  fp.add(outputs);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("output", outputs);
+    call.check("input", inputs);
+    call.check_pairs("output", outputs, "input", inputs, size_);
+    call.check_reduce(opts.reduceOp);
+    call.fingerprint().add(outputs);
+  });
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);
@@ -502,15 +538,15 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::alltoall_base(at::Tensor& output, 
                                                             std::vector<int64_t>& input_split_sizes,
                                                             const c10d::AllToAllOptions& opts) {
   Call call(*this, Collective::kAllToAllSingle);
-  call.check("output", output);
-  call.check("input", input);
-  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), call.site().context(), ": the output has dtype ",
-                    output.scalar_type(), " but the input has dtype ", input.scalar_type(),
-                    "; the collective does not convert");
-  // Split sizes may differ between ranks: only the dtype must agree.
-  CollectiveFingerprint fp(Collective::kAllToAllSingle);
-  fp.add(input, /*shape=*/false);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("the output", output);
+    call.check("the input", input);
+    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), call.site().context(),
+                      ": the output has dtype ", output.scalar_type(), " but the input has dtype ",
+                      input.scalar_type(), "; the collective does not convert");
+    // Split sizes may differ between ranks: only the dtype must agree.
+    call.fingerprint().add(input, /*shape=*/false);
+  });
   at::Tensor native_out = Call::alias(output);
   at::Tensor native_in = Call::alias(input);
   return call.issue({output}, [&] {
@@ -521,20 +557,21 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::alltoall_base(at::Tensor& output, 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::alltoall(TensorList& outputs, TensorList& inputs,
                                                        const c10d::AllToAllOptions& opts) {
   Call call(*this, Collective::kAllToAll);
-  call.check("output", outputs);
-  call.check("input", inputs);
-  TORCH_CHECK_VALUE(static_cast<int64_t>(outputs.size()) == size_ && static_cast<int64_t>(inputs.size()) == size_,
-                    call.site().context(), ": ", inputs.size(), " inputs and ", outputs.size(),
-                    " outputs; it takes one of each per rank (world size ", size_, ")");
-  CollectiveFingerprint fp(Collective::kAllToAll);
-  fp.add(inputs, /*shape=*/false);
-  call.agree(fp);
+  call.validate([&] {
+    call.check("output", outputs);
+    call.check("input", inputs);
+    TORCH_CHECK_VALUE(
+        static_cast<int64_t>(outputs.size()) == size_ && static_cast<int64_t>(inputs.size()) == size_,
+        call.site().context(), ": ", inputs.size(), " inputs and ", outputs.size(),
+        " outputs; it takes one of each per rank (world size ", size_, ")");
+    call.fingerprint().add(inputs, /*shape=*/false);
+  });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
   return call.issue(outputs, [&] { return inner_->alltoall(native_out, native_in, opts); });
 }
 
-// Point-to-point calls are not compared across ranks: only the two ranks involved take part.
+// Point-to-point calls are not compared across ranks (only two ranks take part): their checks raise at once.
 c10::intrusive_ptr<c10d::Work> FlagosBackend::send(TensorList& tensors, int dst_rank, int tag) {
   Call call(*this, Collective::kSend);
   call.check("tensor", tensors);
@@ -565,7 +602,7 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::barrier(const c10d::BarrierOptions
   } else if (!opts.device_ids.empty()) {
     call.set_device(c10::Device(kFlagos, static_cast<c10::DeviceIndex>(opts.device_ids.front())));
   }
-  call.agree(CollectiveFingerprint(Collective::kBarrier));
+  call.validate([] {});
   return call.issue({}, [&] { return inner_->barrier(inner_opts); });
 }
 
