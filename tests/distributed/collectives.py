@@ -5,10 +5,14 @@ Run by test_collectives.py on 2 and 4 ranks."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from ranks import DEVICE, RANK, WORLD, expect_error, flagos_backend, init
+
+import torch_fl
 
 CPU = torch.device("cpu")
 PREMUL = 0.5
@@ -143,6 +147,8 @@ def gather_scatter(dev):
 
 
 def point_to_point(dev):
+    if WORLD == 1:  # a rank cannot send to itself
+        return []
     nxt, prev = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     x = data((6,), seed=70).to(dev)
     ring = torch.empty(6, device=dev)
@@ -322,6 +328,11 @@ def bad_input() -> list[str]:
     expect_error(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(3, device=DEVICE), t),
                  f"{where}: all_gather_into_tensor: the output has 3 elements", f"world size ({WORLD}) times")
 
+    if WORLD == 1 or not flagos_backend().check_across_ranks:
+        ok = torch.ones(4, device=DEVICE)
+        dist.all_reduce(ok)
+        assert ok.cpu().tolist() == [float(WORLD)] * 4
+        return ["unknown_op", "cpu_tensor", "sizes"]
     # Across ranks: every rank raises, naming both ranks.
     shaped = torch.ones(4 if RANK == 0 else 8, device=DEVICE)
     expect_error(ValueError, lambda: dist.all_reduce(shaped), f"{where}: all_reduce does not match across ranks",
@@ -373,7 +384,11 @@ def run() -> dict:
     result = {"init": init_variants()}
     init("cpu:gloo,flagos:flagos", tag="mixed")
     backend = flagos_backend()
-    assert backend.check_across_ranks and not backend.native_avg_and_premul
+    # gloo (the simulated accelerator) lacks AVG and PREMUL_SUM; NCCL (flagos backed by CUDA) has them.
+    on_nccl = torch_fl.accelerator() == "cuda"
+    assert backend.native_avg_and_premul == on_nccl
+    assert backend.check_across_ranks == (os.environ.get("FLAGOS_DIST_CHECK", "0" if on_nccl else "1") == "1")
+    result["backend"] = type(backend.inner).__name__
     result["compared_with_gloo"] = compare_with_gloo()
     result["flagos_only"] = flagos_only()
     result["bad_input"] = bad_input()

@@ -14,4 +14,5 @@ def test_collectives(launch, world_size):
         assert rank_result["flagos_only"] == [
             "premul_keeps_input", "coalescing_manager", "futures", "functional_avg", "dtensor", "objects_barrier"
         ]
+        assert rank_result["backend"] == "ProcessGroupGloo"
         assert len(rank_result["bad_input"]) == 5
