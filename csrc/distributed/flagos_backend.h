@@ -54,7 +54,6 @@ class FlagosBackend final : public c10d::Backend {
   const Config& config() const { return config_; }
 
   const std::string getBackendName() const override { return "flagos"; }
-  c10::intrusive_ptr<Options> getBackendOptions() override { return inner_->getBackendOptions(); }
   bool supportsCoalescing() const override { return true; }
   void setTimeout(std::chrono::milliseconds timeout) override { inner_->setTimeout(timeout); }
   void setGroupUid(const std::string& pg_uid) override;
