@@ -86,7 +86,9 @@ def _create_backend(options, backend_options):
     native = _C._backing_type() or "cpu"
     make_inner = _INNER_BACKENDS.get(native)
     if make_inner is None:
-        raise RuntimeError(f"the flagos distributed backend has no inner backend for native device '{native}'")
+        raise RuntimeError(
+            f"the flagos distributed backend has no inner backend for native device '{native}'"
+        )
     timeout = options.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))

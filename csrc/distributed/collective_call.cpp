@@ -74,24 +74,25 @@ void Call::check(const std::string& role, const TensorLists& lists) {
   for (size_t i = 0; i < lists.size(); ++i) check(c10::str(role, " ", i, ", tensor"), lists[i]);
 }
 
-void Call::check_per_rank(const std::string& tensors_role, const TensorList& tensors, const std::string& lists_role,
-                          const TensorLists& lists) {
-  TORCH_CHECK_VALUE(lists.size() == tensors.size(), site_.context(), ": ", lists.size(), " ", lists_role, "s for ",
-                    tensors.size(), " ", tensors_role, "s; it takes one per ", tensors_role);
+void Call::check_per_rank(const std::string& tensors_role, const TensorList& tensors,
+                          const std::string& lists_role, const TensorLists& lists) {
+  TORCH_CHECK_VALUE(lists.size() == tensors.size(), site_.context(), ": ", lists.size(), " ", lists_role,
+                    "s for ", tensors.size(), " ", tensors_role, "s; it takes one per ", tensors_role);
   for (size_t i = 0; i < lists.size(); ++i) {
-    TORCH_CHECK_VALUE(static_cast<int64_t>(lists[i].size()) == size(), site_.context(), ": ", lists_role, " ", i,
-                      " has ", lists[i].size(), " tensors; it must have one per rank (world size ", size(), ")");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(lists[i].size()) == size(), site_.context(), ": ", lists_role, " ",
+                      i, " has ", lists[i].size(), " tensors; it must have one per rank (world size ", size(),
+                      ")");
     for (size_t j = 0; j < lists[i].size(); ++j) {
-      check_fits(site_, c10::str(tensors_role, " ", i), tensors[i], c10::str(lists_role, " ", i, ", tensor ", j),
-                 lists[i][j], 1);
+      check_fits(site_, c10::str(tensors_role, " ", i), tensors[i],
+                 c10::str(lists_role, " ", i, ", tensor ", j), lists[i][j], 1);
     }
   }
 }
 
 void Call::check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role,
                        const TensorList& b, int64_t factor) {
-  TORCH_CHECK_VALUE(a.size() == b.size(), site_.context(), ": ", a.size(), " ", a_role, "s and ", b.size(), " ",
-                    b_role, "s; it takes one ", b_role, " per ", a_role);
+  TORCH_CHECK_VALUE(a.size() == b.size(), site_.context(), ": ", a.size(), " ", a_role, "s and ", b.size(),
+                    " ", b_role, "s; it takes one ", b_role, " per ", a_role);
   for (size_t i = 0; i < a.size(); ++i) {
     check_fits(site_, c10::str(a_role, " ", i), a[i], c10::str(b_role, " ", i), b[i], factor);
   }
@@ -105,7 +106,8 @@ void Call::check_reduce(const ReduceOp& op) {
 void Call::agree(const std::exception_ptr& error) {
   // Without the comparison, or inside the inner backend's own coalescing group (NCCL), where nothing can
   // be waited for, each rank answers for itself.
-  if (!backend_.config_.check_across_ranks || size() == 1 || (backend_.coalescing_ && backend_.inner_coalesces_)) {
+  if (!backend_.config_.check_across_ranks || size() == 1 ||
+      (backend_.coalescing_ && backend_.inner_coalesces_)) {
     if (error) std::rethrow_exception(error);
     return;
   }
@@ -118,8 +120,8 @@ void Call::agree(const std::exception_ptr& error) {
   try {
     backend_.inner_->_allgather_base(native_out, native_in, c10d::AllgatherOptions())->wait();
   } catch (...) {
-    std::rethrow_exception(
-        as_distributed_error(std::current_exception(), site_.context() + " (comparing the call across ranks)"));
+    std::rethrow_exception(as_distributed_error(std::current_exception(),
+                                                site_.context() + " (comparing the call across ranks)"));
   }
   if (error) std::rethrow_exception(error);
   const at::Tensor rows = all.cpu();
@@ -130,9 +132,10 @@ void Call::agree(const std::exception_ptr& error) {
     TORCH_CHECK_VALUE(!CollectiveFingerprint::invalid(row), site_.context(), ": rank ", other,
                       " passed invalid arguments to the same call (its own error says which)");
     const std::string mismatch = fingerprint_.mismatch(rank(), row, other);
-    TORCH_CHECK_VALUE(mismatch.empty(), site_.context(), " does not match across ranks: ", mismatch,
-                      ". Every rank must run the same collectives in the same order, with tensors of the same "
-                      "shapes and dtypes.");
+    TORCH_CHECK_VALUE(
+        mismatch.empty(), site_.context(), " does not match across ranks: ", mismatch,
+        ". Every rank must run the same collectives in the same order, with tensors of the same "
+        "shapes and dtypes.");
   }
 }
 
@@ -185,7 +188,9 @@ TensorLists Call::premultiplied(const ReduceOp& op, const TensorLists& inputs) {
 
 // ---- 3. The inner backend's call -------------------------------------------------------------------------
 
-at::Tensor Call::alias(const at::Tensor& t) { return ops::alias_as_native(t); }
+at::Tensor Call::alias(const at::Tensor& t) {
+  return ops::alias_as_native(t);
+}
 
 TensorList Call::alias(const TensorList& ts) {
   TensorList out;
@@ -221,9 +226,9 @@ c10::intrusive_ptr<c10d::Work> Call::wrap(c10::intrusive_ptr<c10d::Work> inner, 
   } else {
     completions.push_back(completion_);
   }
-  auto work = c10::make_intrusive<FlagosWork>(std::move(parts), std::move(outputs), std::move(completions),
-                                              device(), rank(), collective_op_type(site_.collective),
-                                              site_.context());
+  auto work =
+      c10::make_intrusive<FlagosWork>(std::move(parts), std::move(outputs), std::move(completions), device(),
+                                      rank(), collective_op_type(site_.collective), site_.context());
   if (backend_.coalescing_) {
     backend_.coalesced_works_.push_back(work);
     if (!backend_.coalesced_device_) backend_.coalesced_device_ = device();

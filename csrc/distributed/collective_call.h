@@ -65,17 +65,17 @@ class Call {
   void check(const std::string& role, const at::Tensor& tensor);
   void check(const std::string& role, const TensorLists& lists);
   // `lists[i]` holds one tensor per rank, each fitting `tensors[i]`.
-  void check_per_rank(const std::string& tensors_role, const TensorList& tensors, const std::string& lists_role,
-                      const TensorLists& lists);
+  void check_per_rank(const std::string& tensors_role, const TensorList& tensors,
+                      const std::string& lists_role, const TensorLists& lists);
   // `b[i]` holds `factor` times `a[i]`'s elements.
-  void check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role, const TensorList& b,
-                   int64_t factor);
+  void check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role,
+                   const TensorList& b, int64_t factor);
   void check_reduce(const c10d::ReduceOp& op);
 
-  // ---- 2. Reduce ops the inner backend lacks ---------------------------------------------------------------
-  // The reduce op to hand the inner backend for `op`. Without native AVG and PREMUL_SUM, an AVG becomes a
-  // SUM whose `results` are divided by the world size when it completes, and a PREMUL_SUM a SUM of
-  // premultiplied() inputs.
+  // ---- 2. Reduce ops the inner backend lacks
+  // --------------------------------------------------------------- The reduce op to hand the inner backend
+  // for `op`. Without native AVG and PREMUL_SUM, an AVG becomes a SUM whose `results` are divided by the
+  // world size when it completes, and a PREMUL_SUM a SUM of premultiplied() inputs.
   c10d::ReduceOp reduce_op(const c10d::ReduceOp& op, const TensorList& results);
   bool premultiplies(const c10d::ReduceOp& op) const;
   // Scales `tensors` by an emulated PREMUL_SUM's factor in place (an all-reduce's tensors are its results).
@@ -87,8 +87,9 @@ class Call {
   // A step that finishes the collective after its communication (before an emulated AVG's division).
   void then(std::function<void()> step) { completion_->add(std::move(step)); }
 
-  // ---- 3. The inner backend's call -------------------------------------------------------------------------
-  // Native-device aliases over the same memory, each holding the flagos storage.
+  // ---- 3. The inner backend's call
+  // ------------------------------------------------------------------------- Native-device aliases over the
+  // same memory, each holding the flagos storage.
   static at::Tensor alias(const at::Tensor& t);
   static TensorList alias(const TensorList& ts);
   static TensorLists alias(const TensorLists& lists);

@@ -43,7 +43,7 @@ constexpr int64_t kNumCollectives = sizeof(kCollectives) / sizeof(kCollectives[0
 static_assert(kNumCollectives == static_cast<int64_t>(Collective::kCoalesced) + 1,
               "kCollectives must list every Collective");
 
-constexpr const char* kReduceOpNames[] = {"SUM", "AVG",  "PRODUCT", "MIN",       "MAX",
+constexpr const char* kReduceOpNames[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
                                           "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
 constexpr int64_t kNumReduceOps = sizeof(kReduceOpNames) / sizeof(kReduceOpNames[0]);
 
@@ -84,9 +84,13 @@ std::string collective_name_of(int64_t id) {
 
 }  // namespace
 
-const char* collective_name(Collective c) { return kCollectives[static_cast<int64_t>(c)].name; }
+const char* collective_name(Collective c) {
+  return kCollectives[static_cast<int64_t>(c)].name;
+}
 
-c10d::OpType collective_op_type(Collective c) { return kCollectives[static_cast<int64_t>(c)].type; }
+c10d::OpType collective_op_type(Collective c) {
+  return kCollectives[static_cast<int64_t>(c)].type;
+}
 
 std::string CallSite::context() const {
   return c10::str("flagos backend (rank ", rank, "): ", collective_name(collective));
@@ -111,29 +115,32 @@ void check_flagos_tensor(const CallSite& site, const std::string& role, const at
                     "; one collective runs on one flagos device");
 }
 
-void check_flagos_tensors(const CallSite& site, const std::string& role, const std::vector<at::Tensor>& tensors,
-                          std::optional<c10::Device>& device) {
+void check_flagos_tensors(const CallSite& site, const std::string& role,
+                          const std::vector<at::Tensor>& tensors, std::optional<c10::Device>& device) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_flagos_tensor(site, c10::str(role, " ", i), tensors[i], device);
   }
 }
 
-void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a, const std::string& b_role,
-                const at::Tensor& b, int64_t factor) {
+void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a,
+                const std::string& b_role, const at::Tensor& b, int64_t factor) {
   TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), site.context(), ": ", b_role, " has dtype ",
                     b.scalar_type(), " but ", a_role, " has dtype ", a.scalar_type(),
                     "; the collective does not convert");
   if (factor == 1) {
-    TORCH_CHECK_VALUE(a.numel() == b.numel(), site.context(), ": ", b_role, " has ", b.numel(), " elements (shape ",
-                      b.sizes(), ") but ", a_role, " has ", a.numel(), " (shape ", a.sizes(), ")");
+    TORCH_CHECK_VALUE(a.numel() == b.numel(), site.context(), ": ", b_role, " has ", b.numel(),
+                      " elements (shape ", b.sizes(), ") but ", a_role, " has ", a.numel(), " (shape ",
+                      a.sizes(), ")");
     return;
   }
   TORCH_CHECK_VALUE(b.numel() == a.numel() * factor, site.context(), ": ", b_role, " has ", b.numel(),
-                    " elements (shape ", b.sizes(), "); it must hold the world size (", factor, ") times ", a_role,
-                    "'s ", a.numel(), " elements (shape ", a.sizes(), ")");
+                    " elements (shape ", b.sizes(), "); it must hold the world size (", factor, ") times ",
+                    a_role, "'s ", a.numel(), " elements (shape ", a.sizes(), ")");
 }
 
-const char* reduce_op_name(int64_t op) { return op >= 0 && op < kNumReduceOps ? kReduceOpNames[op] : "?"; }
+const char* reduce_op_name(int64_t op) {
+  return op >= 0 && op < kNumReduceOps ? kReduceOpNames[op] : "?";
+}
 
 void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op) {
   const int64_t value = static_cast<int64_t>(op.op_);
@@ -161,19 +168,23 @@ void CollectiveFingerprint::set_reduce_op(const c10d::ReduceOp& op) {
   values_[kReduceOpField] = static_cast<int64_t>(op.op_);
 }
 
-void CollectiveFingerprint::set_root(int64_t root) { values_[kRootField] = root; }
+void CollectiveFingerprint::set_root(int64_t root) {
+  values_[kRootField] = root;
+}
 
-void CollectiveFingerprint::mark_invalid() { values_[kInvalidField] = 1; }
+void CollectiveFingerprint::mark_invalid() {
+  values_[kInvalidField] = 1;
+}
 
-bool CollectiveFingerprint::invalid(const int64_t* row) { return row[kInvalidField] != 0; }
+bool CollectiveFingerprint::invalid(const int64_t* row) {
+  return row[kInvalidField] != 0;
+}
 
 void CollectiveFingerprint::add(const at::Tensor& tensor, bool shape) {
   const int64_t dtype = static_cast<int64_t>(tensor.scalar_type());
   const int64_t ndim = shape ? tensor.dim() : -1;
   // FNV-1a over every tensor's dtype and shape: what the detailed rows leave out still counts.
-  auto mix = [this](int64_t v) {
-    hash_ = (hash_ ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-  };
+  auto mix = [this](int64_t v) { hash_ = (hash_ ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
   mix(dtype);
   mix(ndim);
   if (shape) {
@@ -183,7 +194,8 @@ void CollectiveFingerprint::add(const at::Tensor& tensor, bool shape) {
     int64_t* row = values_.data() + kFirstTensor + count_ * kPerTensor;
     row[0] = dtype;
     row[1] = ndim;
-    for (int64_t d = 0; d < std::min<int64_t>(std::max<int64_t>(ndim, 0), kMaxDims); ++d) row[2 + d] = tensor.size(d);
+    for (int64_t d = 0; d < std::min<int64_t>(std::max<int64_t>(ndim, 0), kMaxDims); ++d)
+      row[2 + d] = tensor.size(d);
   }
   ++count_;
   values_[kCountField] = count_;
@@ -198,7 +210,8 @@ std::string CollectiveFingerprint::mismatch(int my_rank, const int64_t* other, i
   const int64_t* mine = values_.data();
   if (std::equal(mine, mine + kLength, other)) return "";
   if (other[kMagicField] != kMagic) {
-    return c10::str("rank ", other_rank, " sent no flagos collective description at this point (it runs "
+    return c10::str("rank ", other_rank,
+                    " sent no flagos collective description at this point (it runs "
                     "another backend's collective, or another number of collectives)");
   }
   if (other[kCollectiveField] != mine[kCollectiveField]) {
@@ -215,19 +228,20 @@ std::string CollectiveFingerprint::mismatch(int my_rank, const int64_t* other, i
                     " names root rank ", other[kRootField]);
   }
   if (other[kCountField] != mine[kCountField]) {
-    return c10::str("rank ", my_rank, " passes ", mine[kCountField], " tensors but rank ", other_rank, " passes ",
-                    other[kCountField]);
+    return c10::str("rank ", my_rank, " passes ", mine[kCountField], " tensors but rank ", other_rank,
+                    " passes ", other[kCountField]);
   }
   for (int64_t i = 0; i < std::min(count_, kDetailedTensors); ++i) {
     const int64_t* a = mine + kFirstTensor + i * kPerTensor;
     const int64_t* b = other + kFirstTensor + i * kPerTensor;
     if (!std::equal(a, a + kPerTensor, b)) {
-      return c10::str("tensor ", i, " has ", describe(a), " on rank ", my_rank, " but ", describe(b), " on rank ",
-                      other_rank);
+      return c10::str("tensor ", i, " has ", describe(a), " on rank ", my_rank, " but ", describe(b),
+                      " on rank ", other_rank);
     }
   }
   return c10::str("the tensors differ in shape or dtype between rank ", my_rank, " and rank ", other_rank,
-                  " (beyond the first ", kDetailedTensors, " tensors' first ", kMaxDims, " dimensions, which agree)");
+                  " (beyond the first ", kDetailedTensors, " tensors' first ", kMaxDims,
+                  " dimensions, which agree)");
 }
 
 }  // namespace flagos::distributed

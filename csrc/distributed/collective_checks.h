@@ -55,15 +55,15 @@ struct CallSite {
 
 // Every tensor of `tensors` is a defined, dense flagos tensor on the call's device (`device`, set by the
 // first one seen). `role` names them in errors: "tensor", "output", "input list 0".
-void check_flagos_tensors(const CallSite& site, const std::string& role, const std::vector<at::Tensor>& tensors,
-                          std::optional<c10::Device>& device);
+void check_flagos_tensors(const CallSite& site, const std::string& role,
+                          const std::vector<at::Tensor>& tensors, std::optional<c10::Device>& device);
 void check_flagos_tensor(const CallSite& site, const std::string& role, const at::Tensor& tensor,
                          std::optional<c10::Device>& device);
 
 // `a` and `b` have one dtype and `b` holds `factor` times `a`'s elements (an all-gather's output is world
 // size times its input; factor 1 for list entries).
-void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a, const std::string& b_role,
-                const at::Tensor& b, int64_t factor);
+void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a,
+                const std::string& b_role, const at::Tensor& b, int64_t factor);
 
 // A reduce op torch defines (SUM .. PREMUL_SUM; PREMUL_SUM with its factor), or a ValueError naming it.
 void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op);

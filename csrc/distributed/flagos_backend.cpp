@@ -32,7 +32,8 @@ std::optional<c10::Device> barrier_device(Options& opts) {
       return device;
     }
   }
-  if (!opts.device_ids.empty()) return c10::Device(kFlagos, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
+  if (!opts.device_ids.empty())
+    return c10::Device(kFlagos, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
   return std::nullopt;
 }
 
@@ -41,8 +42,8 @@ std::optional<c10::Device> barrier_device(Options& opts) {
 FlagosBackend::FlagosBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size, Config config)
     : c10d::Backend(rank, size), inner_(std::move(inner)), config_(config) {
   TORCH_CHECK_VALUE(inner_, "the flagos backend needs an inner backend");
-  TORCH_CHECK_VALUE(inner_->getRank() == rank && inner_->getSize() == size,
-                    "the flagos backend of rank ", rank, " in a group of ", size,
+  TORCH_CHECK_VALUE(inner_->getRank() == rank && inner_->getSize() == size, "the flagos backend of rank ",
+                    rank, " in a group of ", size,
                     " needs an inner backend of the same rank and size; got rank ", inner_->getRank(), " of ",
                     inner_->getSize());
   inner_coalesces_ = inner_->supportsCoalescing();
@@ -79,7 +80,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::endCoalescing() {
   coalesced_device_.reset();
 
   TensorList outputs;
-  for (const auto& work : works) outputs.insert(outputs.end(), work->outputs().begin(), work->outputs().end());
+  for (const auto& work : works)
+    outputs.insert(outputs.end(), work->outputs().begin(), work->outputs().end());
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
   if (inner_coalesces_) {
     if (auto group = inner_->endCoalescing()) parts.push_back(std::move(group));
@@ -91,7 +93,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::endCoalescing() {
                                          rank_, c10d::OpType::COALESCED, site.context());
 }
 
-c10::intrusive_ptr<c10d::Work> FlagosBackend::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> FlagosBackend::broadcast(TensorList& tensors,
+                                                        const c10d::BroadcastOptions& opts) {
   Call call(*this, Collective::kBroadcast);
   call.validate([&] {
     call.check("tensor", tensors);
@@ -102,7 +105,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::broadcast(TensorList& tensors, con
   return call.issue(tensors, [&] { return inner_->broadcast(native, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce(TensorList& tensors,
+                                                        const c10d::AllreduceOptions& opts) {
   Call call(*this, Collective::kAllReduce);
   call.validate([&] {
     call.check("tensor", tensors);
@@ -116,8 +120,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce(TensorList& tensors, con
   return call.issue(tensors, [&] { return inner_->allreduce(native, inner_opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce_coalesced(TensorList& tensors,
-                                                                  const c10d::AllreduceCoalescedOptions& opts) {
+c10::intrusive_ptr<c10d::Work> FlagosBackend::allreduce_coalesced(
+    TensorList& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   Call call(*this, Collective::kAllReduceCoalesced);
   call.validate([&] {
     call.check("tensor", tensors);
@@ -192,12 +196,12 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_coalesced(TensorLists& o
   });
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(inputs);
-  return call.issue(flatten(outputs), [&] { return inner_->allgather_coalesced(native_out, native_in, opts); });
+  return call.issue(flatten(outputs),
+                    [&] { return inner_->allgather_coalesced(native_out, native_in, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_into_tensor_coalesced(TensorList& outputs,
-                                                                              TensorList& inputs,
-                                                                              const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> FlagosBackend::allgather_into_tensor_coalesced(
+    TensorList& outputs, TensorList& inputs, const c10d::AllgatherOptions& opts) {
   Call call(*this, Collective::kAllGatherIntoTensorCoalesced);
   call.validate([&] {
     call.check("input", inputs);
@@ -272,7 +276,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::_reduce_scatter_base(at::Tensor& o
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, {output});
   at::Tensor native_out = Call::alias(output);
   at::Tensor native_in = Call::alias(call.premultiplied(opts.reduceOp, input));
-  return call.issue({output}, [&] { return inner_->_reduce_scatter_base(native_out, native_in, inner_opts); });
+  return call.issue({output},
+                    [&] { return inner_->_reduce_scatter_base(native_out, native_in, inner_opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter_tensor_coalesced(
@@ -289,8 +294,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter_tensor_coalesced(
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);
   auto native_in = Call::alias(call.premultiplied(opts.reduceOp, inputs));
-  return call.issue(outputs,
-                    [&] { return inner_->reduce_scatter_tensor_coalesced(native_out, native_in, inner_opts); });
+  return call.issue(
+      outputs, [&] { return inner_->reduce_scatter_tensor_coalesced(native_out, native_in, inner_opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::alltoall_base(at::Tensor& output, at::Tensor& input,

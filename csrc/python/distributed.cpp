@@ -5,8 +5,8 @@
 // a Backend (ProcessGroup._register_backend) and hand it back as _FlagosBackend.
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "distributed/flagos_backend.h"
 #include "python/bindings.h"
@@ -27,8 +27,8 @@ void bind_distributed(py::module_& m) {
              return c10::make_intrusive<FlagosBackend>(inner, rank, size, config);
              END_HANDLE_TH_ERRORS_PYBIND
            }),
-           py::arg("inner"), py::arg("rank"), py::arg("size"), py::kw_only(), py::arg("native_avg_and_premul"),
-           py::arg("check_across_ranks"))
+           py::arg("inner"), py::arg("rank"), py::arg("size"), py::kw_only(),
+           py::arg("native_avg_and_premul"), py::arg("check_across_ranks"))
       .def_property_readonly("inner", &FlagosBackend::inner)
       .def_property_readonly("native_avg_and_premul",
                              [](const FlagosBackend& b) { return b.config().native_avg_and_premul; })

@@ -256,8 +256,9 @@ def flagos_only() -> list[str]:
     scattered = [torch.empty(2, device=DEVICE) for _ in range(2)]
     with dist._coalescing_manager(device=DEVICE):
         for o in scattered:
-            dist.reduce_scatter_tensor(o, torch.full((WORLD * 2,), float(RANK + 1), device=DEVICE),
-                                       op=dist.ReduceOp.AVG)
+            dist.reduce_scatter_tensor(
+                o, torch.full((WORLD * 2,), float(RANK + 1), device=DEVICE), op=dist.ReduceOp.AVG
+            )
     for o in scattered:
         torch.testing.assert_close(o.cpu(), torch.full((2,), (WORLD + 1) / 2))
     done.append("coalescing_manager")
@@ -319,14 +320,28 @@ def bad_input() -> list[str]:
     """Clear errors naming the op, the tensor and the rank; the group keeps working after each."""
     where = f"flagos backend (rank {RANK})"
     t = torch.ones(4, device=DEVICE)
-    expect_error(ValueError, lambda: dist.all_reduce(t, op=dist.ReduceOp.RedOpType(9)),
-                 f"{where}: all_reduce: unknown reduce op 9")
-    expect_error(ValueError, lambda: flagos_backend().allreduce([torch.ones(4)]),
-                 f"{where}: all_reduce: tensor 0 is on cpu, not on a flagos device", "cpu:gloo,flagos:flagos")
-    expect_error(ValueError, lambda: dist.all_gather([torch.empty(4, device=DEVICE)] * (WORLD - 1) + [torch.empty(4)], t),
-                 f"{where}: all_gather: output list 0, tensor {WORLD - 1} is on cpu")
-    expect_error(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(3, device=DEVICE), t),
-                 f"{where}: all_gather_into_tensor: the output has 3 elements", f"world size ({WORLD}) times")
+    expect_error(
+        ValueError,
+        lambda: dist.all_reduce(t, op=dist.ReduceOp.RedOpType(9)),
+        f"{where}: all_reduce: unknown reduce op 9",
+    )
+    expect_error(
+        ValueError,
+        lambda: flagos_backend().allreduce([torch.ones(4)]),
+        f"{where}: all_reduce: tensor 0 is on cpu, not on a flagos device",
+        "cpu:gloo,flagos:flagos",
+    )
+    expect_error(
+        ValueError,
+        lambda: dist.all_gather([torch.empty(4, device=DEVICE)] * (WORLD - 1) + [torch.empty(4)], t),
+        f"{where}: all_gather: output list 0, tensor {WORLD - 1} is on cpu",
+    )
+    expect_error(
+        ValueError,
+        lambda: dist.all_gather_into_tensor(torch.empty(3, device=DEVICE), t),
+        f"{where}: all_gather_into_tensor: the output has 3 elements",
+        f"world size ({WORLD}) times",
+    )
 
     if WORLD == 1 or not flagos_backend().check_across_ranks:
         ok = torch.ones(4, device=DEVICE)
@@ -335,23 +350,52 @@ def bad_input() -> list[str]:
         return ["unknown_op", "cpu_tensor", "sizes"]
     # Across ranks: every rank raises, naming both ranks.
     shaped = torch.ones(4 if RANK == 0 else 8, device=DEVICE)
-    expect_error(ValueError, lambda: dist.all_reduce(shaped), f"{where}: all_reduce does not match across ranks",
-                 "tensor 0 has shape [", "[4]", "[8]", f"on rank {RANK}")
+    expect_error(
+        ValueError,
+        lambda: dist.all_reduce(shaped),
+        f"{where}: all_reduce does not match across ranks",
+        "tensor 0 has shape [",
+        "[4]",
+        "[8]",
+        f"on rank {RANK}",
+    )
     typed = torch.ones(4, device=DEVICE, dtype=torch.float64 if RANK == WORLD - 1 else torch.float32)
-    expect_error(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(4 * WORLD, device=DEVICE, dtype=typed.dtype), typed),
-                 "all_gather_into_tensor does not match across ranks", "dtype Double", "dtype Float")
-    expect_error(ValueError, lambda: dist.broadcast(t, 0) if RANK == 0 else dist.all_reduce(t),
-                 "does not match across ranks", "runs broadcast", "runs all_reduce", "same order")
-    expect_error(ValueError, lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX),
-                 "reduces with", "SUM", "MAX")
+    expect_error(
+        ValueError,
+        lambda: dist.all_gather_into_tensor(torch.empty(4 * WORLD, device=DEVICE, dtype=typed.dtype), typed),
+        "all_gather_into_tensor does not match across ranks",
+        "dtype Double",
+        "dtype Float",
+    )
+    expect_error(
+        ValueError,
+        lambda: dist.broadcast(t, 0) if RANK == 0 else dist.all_reduce(t),
+        "does not match across ranks",
+        "runs broadcast",
+        "runs all_reduce",
+        "same order",
+    )
+    expect_error(
+        ValueError,
+        lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX),
+        "reduces with",
+        "SUM",
+        "MAX",
+    )
     expect_error(ValueError, lambda: dist.broadcast(t, src=RANK % 2), "names root rank")
     # One rank's bad argument: it raises its own error, the others say which rank was wrong.
     if RANK == 0:
-        expect_error(ValueError, lambda: dist.all_reduce(torch.ones(4, device=DEVICE), op=dist.ReduceOp.RedOpType(9)),
-                     "unknown reduce op 9")
+        expect_error(
+            ValueError,
+            lambda: dist.all_reduce(torch.ones(4, device=DEVICE), op=dist.ReduceOp.RedOpType(9)),
+            "unknown reduce op 9",
+        )
     else:
-        expect_error(ValueError, lambda: dist.all_reduce(torch.ones(4, device=DEVICE)),
-                     "rank 0 passed invalid arguments to the same call")
+        expect_error(
+            ValueError,
+            lambda: dist.all_reduce(torch.ones(4, device=DEVICE)),
+            "rank 0 passed invalid arguments to the same call",
+        )
     ok = torch.ones(4, device=DEVICE)
     dist.all_reduce(ok)
     assert ok.cpu().tolist() == [float(WORLD)] * 4

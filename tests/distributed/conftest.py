@@ -124,7 +124,14 @@ def _launch(
         for rank, (proc, (out, err)) in enumerate(zip(procs, files, strict=True)):
             out.seek(0)
             err.seek(0)
-            outputs.append(RankOutput(rank, None if timed_out and proc.returncode < 0 else proc.returncode, out.read(), err.read()))
+            outputs.append(
+                RankOutput(
+                    rank,
+                    None if timed_out and proc.returncode < 0 else proc.returncode,
+                    out.read(),
+                    err.read(),
+                )
+            )
             out.close()
             err.close()
     return Launch(outputs, timed_out, elapsed)

@@ -22,7 +22,9 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distribu
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*is deprecated.*")
 
 
-def init(backend: str | None = None, *, tag: str = "main", device_id: bool = False, timeout_s: float = 60) -> None:
+def init(
+    backend: str | None = None, *, tag: str = "main", device_id: bool = False, timeout_s: float = 60
+) -> None:
     """A process group over a FileStore of the launch's folder (`tag` names it, one per group made)."""
     torch.flagos.set_device(LOCAL_RANK)
     kwargs = dict(

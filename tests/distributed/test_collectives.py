@@ -12,7 +12,12 @@ def test_collectives(launch, world_size):
         assert rank_result["init"] == ["no_backend_argument", "device_id", "named_flagos"]
         assert len(rank_result["compared_with_gloo"]) == 11
         assert rank_result["flagos_only"] == [
-            "premul_keeps_input", "coalescing_manager", "futures", "functional_avg", "dtensor", "objects_barrier"
+            "premul_keeps_input",
+            "coalescing_manager",
+            "futures",
+            "functional_avg",
+            "dtensor",
+            "objects_barrier",
         ]
         assert rank_result["backend"] == "ProcessGroupGloo"
         assert len(rank_result["bad_input"]) == 5

@@ -13,8 +13,14 @@ TIMEOUT_S = 5
 )
 def test_failed_rank_fails_the_others(launch, mode, check):
     # FLAGOS_DIST_CHECK: with it the first call to fail is the comparison across ranks, without it gloo's.
-    run = launch("failures", "run", 2, args={"mode": mode, "timeout_s": TIMEOUT_S}, timeout=60,
-                 env={"FLAGOS_DIST_CHECK": check})
+    run = launch(
+        "failures",
+        "run",
+        2,
+        args={"mode": mode, "timeout_s": TIMEOUT_S},
+        timeout=60,
+        env={"FLAGOS_DIST_CHECK": check},
+    )
     assert not run.timed_out, run.logs()
     failed, survivor = run.ranks[1], run.ranks[0]
     assert failed.returncode != 0, run.logs()

@@ -17,7 +17,9 @@ def _world_sizes():
 @pytest.mark.parametrize("world_size", _world_sizes())
 def test_nccl_collectives(launch, world_size):
     # FLAGOS_DIST_CHECK=1: the comparison across ranks runs on NCCL too (it is off by default there).
-    run = launch("collectives", "run", world_size, accelerator="cuda", env={"FLAGOS_DIST_CHECK": "1"}, timeout=300)
+    run = launch(
+        "collectives", "run", world_size, accelerator="cuda", env={"FLAGOS_DIST_CHECK": "1"}, timeout=300
+    )
     for r in run.check().results:
         assert r["backend"] == "ProcessGroupNCCL"
         assert r["init"] == ["no_backend_argument", "device_id", "named_flagos"]

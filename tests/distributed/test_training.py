@@ -7,14 +7,21 @@ def test_ddp(launch):
     results = launch("training", "run_ddp", 2, timeout=240).check().results
     for r in results:
         assert r["mlp"] == [
-            "default", "find_unused_parameters", "static_graph", "gradient_as_bucket_view", "no_sync",
-            "fp16_compress_hook", "bf16_compress_hook",
+            "default",
+            "find_unused_parameters",
+            "static_graph",
+            "gradient_as_bucket_view",
+            "no_sync",
+            "fp16_compress_hook",
+            "bf16_compress_hook",
         ]
         assert r["qwen3"] == ["qwen3_find_unused_False", "qwen3_find_unused_True"]
 
 
 def test_fsdp2_and_checkpoint_resharding(launch, tmp_path):
-    results = launch("training", "run_fsdp", 2, args={"checkpoint": str(tmp_path)}, timeout=240).check().results
+    results = (
+        launch("training", "run_fsdp", 2, args={"checkpoint": str(tmp_path)}, timeout=240).check().results
+    )
     for r in results:
         assert r["mlp"] == ["fsdp2_mlp", "fsdp2_mlp_mixed_precision"]
         assert r["qwen3"][-2:] == ["fsdp2_qwen3", "dcp_save"]

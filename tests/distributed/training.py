@@ -51,7 +51,9 @@ def mlp(unused_branch: bool = False) -> MLP:
 def full_batch(seed: int, rows_per_rank: int, world: int = WORLD):
     """The batch of all ranks (the same on every rank); this rank trains on rows_of() it."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(world * rows_per_rank, 8, generator=g), torch.randn(world * rows_per_rank, 4, generator=g)
+    return torch.randn(world * rows_per_rank, 8, generator=g), torch.randn(
+        world * rows_per_rank, 4, generator=g
+    )
 
 
 def rows_of(t: torch.Tensor) -> torch.Tensor:
@@ -74,8 +76,9 @@ def params_cpu(model) -> dict[str, torch.Tensor]:
 def assert_params_close(actual: dict, expected: dict, what: str, *, rtol=1e-5, atol=1e-6) -> None:
     assert actual.keys() == expected.keys(), what
     for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], rtol=rtol, atol=atol,
-                                   msg=lambda m, n=name: f"{what}: {n}: {m}")
+        torch.testing.assert_close(
+            actual[name], expected[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{what}: {n}: {m}"
+        )
 
 
 def relative_update_error(actual: dict, expected: dict, start: dict) -> float:
@@ -96,7 +99,9 @@ def train_mlp_reference(model, micro_batches: int = 1, seed: int = 1):
     for step in range(STEPS):
         x, y = full_batch(seed + step, 4 * micro_batches)
         # Every micro-batch of every rank contributes its mean loss; DDP averages over ranks.
-        loss = sum(mse(model, xm, ym) for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))
+        loss = sum(
+            mse(model, xm, ym) for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)
+        )
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -147,11 +152,17 @@ def ddp_mlp() -> list[str]:
         reference = expected_unused if model is with_unused else expected
         assert_params_close(train_mlp_ddp(model, **kwargs), reference, f"DDP MLP {name}")
         done.append(name)
-    assert_params_close(train_mlp_ddp(plain, micro_batches=2), train_mlp_reference(plain, 2), "DDP MLP no_sync")
+    assert_params_close(
+        train_mlp_ddp(plain, micro_batches=2), train_mlp_reference(plain, 2), "DDP MLP no_sync"
+    )
     done.append("no_sync")
-    for name, hook, rtol in (("fp16_compress_hook", default_hooks.fp16_compress_hook, 2e-3),
-                             ("bf16_compress_hook", bf16_hook, 2e-2)):
-        assert_params_close(train_mlp_ddp(plain, hook=hook), expected, f"DDP MLP {name}", rtol=rtol, atol=rtol)
+    for name, hook, rtol in (
+        ("fp16_compress_hook", default_hooks.fp16_compress_hook, 2e-3),
+        ("bf16_compress_hook", bf16_hook, 2e-2),
+    ):
+        assert_params_close(
+            train_mlp_ddp(plain, hook=hook), expected, f"DDP MLP {name}", rtol=rtol, atol=rtol
+        )
         done.append(name)
     return done
 
@@ -189,7 +200,9 @@ def ddp_qwen3(master) -> tuple[list[str], dict]:
             lambda step: rows_of(qwen3_batch(step)),
         )
         error = relative_update_error(actual, expected, start)
-        assert error < F32.update_rtol, f"DDP Qwen3 (find_unused_parameters={find_unused}): update error {error}"
+        assert error < F32.update_rtol, (
+            f"DDP Qwen3 (find_unused_parameters={find_unused}): update error {error}"
+        )
         done.append(f"qwen3_find_unused_{find_unused}")
         trained = actual
     return done, trained
@@ -311,7 +324,9 @@ def run_load(checkpoint: str) -> dict:
             assert torch.equal(full_model[name].cpu(), value), name
         for name, state_of in reference["optim"]["state"].items():
             for key, value in state_of.items():
-                assert torch.equal(torch.as_tensor(full_optim["state"][name][key]).cpu(), torch.as_tensor(value)), (name, key)
+                assert torch.equal(
+                    torch.as_tensor(full_optim["state"][name][key]).cpu(), torch.as_tensor(value)
+                ), (name, key)
     # The loaded model trains on (one step: the shards are live flagos tensors).
     ids = rows_of(qwen3_batch(0)).to(DEVICE)
     model(ids, labels=ids).loss.backward()
