@@ -14,12 +14,14 @@ The backend itself is C++ (``csrc/distributed/``): it wraps an inner backend of 
 made here: NCCL when flagos is backed by CUDA, gloo over the flagos memory on a HAL of its own (the
 simulated accelerator, whose memory is host memory). ``FLAGOS_DIST_CHECK=1`` (the default with gloo) makes
 every collective first compare its op, shapes and dtypes across ranks, so a mismatch is a clear error on
-every rank; ``0`` (the default with NCCL, where the comparison costs a device sync) skips it.
+every rank; ``0`` (the default with NCCL, where the comparison costs a device sync) skips it. Rank 0's
+setting holds for its group.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -35,13 +37,25 @@ def is_available() -> bool:
     return dist.is_available() and hasattr(_C, "_FlagosBackend")
 
 
-def _check_across_ranks(default: bool) -> bool:
-    value = os.environ.get(CHECK_ENV)
-    if value is None or value == "":
-        return default
-    if value not in ("0", "1"):
+def _check_across_ranks(default: bool, store, rank: int) -> bool:
+    """FLAGOS_DIST_CHECK as rank 0 of the group reads it: every rank must take part in the comparison or
+    none (a rank comparing alone would wait for the others), so rank 0's setting holds for the group."""
+    value = os.environ.get(CHECK_ENV) or ""
+    if value not in ("", "0", "1"):
         raise ValueError(f"{CHECK_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    mine = value == "1" if value else default
+    key = "flagos_dist_check"
+    if rank == 0:
+        store.set(key, "1" if mine else "0")
+        return mine
+    agreed = store.get(key).decode() == "1"
+    if value and agreed != mine:
+        warnings.warn(
+            f"{CHECK_ENV}={value} on rank {rank}, but rank 0 {'compares' if agreed else 'does not compare'} "
+            "collectives across ranks: the group follows rank 0",
+            stacklevel=3,
+        )
+    return agreed
 
 
 def _gloo(options, timeout, backend_options):
@@ -99,7 +113,7 @@ def _create_backend(options, backend_options):
         options.group_rank,
         options.group_size,
         native_avg_and_premul=native_avg_and_premul,
-        check_across_ranks=_check_across_ranks(check_default),
+        check_across_ranks=_check_across_ranks(check_default, options.store, options.group_rank),
     )
 
 

@@ -276,6 +276,15 @@ def flagos_only() -> list[str]:
     while not work.is_completed():
         pass
     torch.testing.assert_close(t.cpu(), reference / WORLD)
+    # The future of a work whose inner work has none (gloo's reduce_scatter_tensor): completed all the same.
+    flat = data((WORLD * 4,), seed=20)
+    summed = flat.clone()
+    dist.all_reduce(summed)
+    out = torch.empty(4, device=DEVICE)
+    work = dist.reduce_scatter_tensor(out, flat.to(DEVICE), op=dist.ReduceOp.AVG, async_op=True)
+    value = work.get_future().wait()[0]
+    assert value.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(value.cpu(), (summed / WORLD).chunk(WORLD)[RANK])
     done.append("futures")
 
     # Functional collectives with AVG (gloo lacks it).

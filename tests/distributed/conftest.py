@@ -78,9 +78,11 @@ def _launch(
     env: dict | None = None,
     store_dir: str | None = None,
     accelerator: str = "sim",
+    rank_env: dict | None = None,
 ) -> Launch:
     """`accelerator`: the simulated one by default, so these run the same on a machine with one GPU (NCCL
-    needs a GPU per rank); the GPU tests ask for "cuda"."""
+    needs a GPU per rank); the GPU tests ask for "cuda". `rank_env`: {rank: {variable: value}} on top of
+    `env` for single ranks."""
     with tempfile.TemporaryDirectory(prefix="flagos_dist_") as tmp:
         procs, files = [], []
         for rank in range(world_size):
@@ -96,6 +98,7 @@ def _launch(
                 "GLOO_SOCKET_IFNAME": "lo",
                 "OMP_NUM_THREADS": 1,
                 **(env or {}),
+                **((rank_env or {}).get(rank, {})),
             }
             out = open(os.path.join(tmp, f"rank{rank}.out"), "w+")
             err = open(os.path.join(tmp, f"rank{rank}.err"), "w+")

@@ -40,3 +40,22 @@ def run(mode: str, timeout_s: float) -> dict:
     # The group is broken: leave without tearing it down (that would talk to the failed rank).
     print("RESULT " + __import__("json").dumps(result), flush=True)
     os._exit(0)
+
+
+def check_setting() -> dict:
+    """FLAGOS_DIST_CHECK differs between ranks: the group follows rank 0, so a mismatch still raises on all."""
+    import warnings
+
+    from ranks import expect_error, flagos_backend
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        init()
+    checks = flagos_backend().check_across_ranks
+    expect_error(
+        ValueError,
+        lambda: dist.all_reduce(torch.ones(4 if RANK == 0 else 8, device=DEVICE)),
+        "does not match across ranks",
+    )
+    dist.destroy_process_group()
+    return {"checks": checks, "warned": any("the group follows rank 0" in str(w.message) for w in caught)}

@@ -32,3 +32,14 @@ def test_failed_rank_fails_the_others(launch, mode, check):
     assert result["seconds"] < TIMEOUT_S + 10, run.logs()
     if mode != "stall":
         assert result["seconds"] < TIMEOUT_S, run.logs()
+
+
+def test_check_setting_follows_rank_0(launch):
+    run = launch(
+        "failures",
+        "check_setting",
+        2,
+        env={"FLAGOS_DIST_CHECK": "1"},
+        rank_env={1: {"FLAGOS_DIST_CHECK": "0"}},
+    )
+    assert run.check().results == [{"checks": True, "warned": False}, {"checks": True, "warned": True}]

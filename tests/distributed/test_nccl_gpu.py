@@ -29,7 +29,7 @@ def test_nccl_collectives(launch, world_size):
 @pytest.mark.parametrize("world_size", _world_sizes())
 def test_nccl_ddp(launch, world_size):
     for r in launch("training", "run_ddp", world_size, accelerator="cuda", timeout=300).check().results:
-        assert len(r["mlp"]) == 7 and len(r["qwen3"]) == 2
+        assert len(r["mlp"]) == 8 and len(r["qwen3"]) == 2
 
 
 @pytest.mark.parametrize("world_size", _world_sizes())

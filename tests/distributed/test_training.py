@@ -11,6 +11,7 @@ def test_ddp(launch):
             "find_unused_parameters",
             "static_graph",
             "gradient_as_bucket_view",
+            "device_timer",
             "no_sync",
             "fp16_compress_hook",
             "bf16_compress_hook",

@@ -124,7 +124,7 @@ def train_mlp_ddp(model, *, micro_batches: int = 1, seed: int = 1, hook=None, **
         mse(ddp, xs[-1], ys[-1]).backward()
         opt.step()
         opt.zero_grad()
-    return params_cpu(ddp)
+    return params_cpu(ddp), ddp
 
 
 def bf16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -150,10 +150,16 @@ def ddp_mlp() -> list[str]:
     }
     for name, (model, kwargs) in variants.items():
         reference = expected_unused if model is with_unused else expected
-        assert_params_close(train_mlp_ddp(model, **kwargs), reference, f"DDP MLP {name}")
+        params, ddp = train_mlp_ddp(model, **kwargs)
+        assert_params_close(params, reference, f"DDP MLP {name}")
         done.append(name)
+    # DDP's logger timed the iterations on flagos (the TimerRegistry entry, csrc/distributed/reducer_timer.cpp).
+    timings = ddp._get_ddp_logging_data()
+    for key in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+        assert timings.get(key, 0) > 0, (key, timings)
+    done.append("device_timer")
     assert_params_close(
-        train_mlp_ddp(plain, micro_batches=2), train_mlp_reference(plain, 2), "DDP MLP no_sync"
+        train_mlp_ddp(plain, micro_batches=2)[0], train_mlp_reference(plain, 2), "DDP MLP no_sync"
     )
     done.append("no_sync")
     for name, hook, rtol in (
@@ -161,7 +167,7 @@ def ddp_mlp() -> list[str]:
         ("bf16_compress_hook", bf16_hook, 2e-2),
     ):
         assert_params_close(
-            train_mlp_ddp(plain, hook=hook), expected, f"DDP MLP {name}", rtol=rtol, atol=rtol
+            train_mlp_ddp(plain, hook=hook)[0], expected, f"DDP MLP {name}", rtol=rtol, atol=rtol
         )
         done.append(name)
     return done
@@ -226,7 +232,7 @@ def shard_qwen3(model, mesh, mp_policy=None):
 
 
 def fsdp_mlp(mesh) -> list[str]:
-    ddp_result = train_mlp_ddp(mlp())
+    ddp_result, _ = train_mlp_ddp(mlp())
     model = shard_mlp(mlp().to(DEVICE), mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(STEPS):
