@@ -61,8 +61,9 @@ def _check_across_ranks(default: bool, store, rank: int) -> bool:
 def _gloo(options, timeout, backend_options):
     """gloo over host memory: the native device of a HAL's flagos memory is the CPU."""
     inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, timeout)
-    inner.options.global_ranks_in_group = list(options.global_ranks_in_group)
-    inner.options.group_name = options.group_id
+    if hasattr(inner, "options"):  # what torch records for its own gloo groups (not every torch has it)
+        inner.options.global_ranks_in_group = list(options.global_ranks_in_group)
+        inner.options.group_name = options.group_id
     # gloo lacks AVG and PREMUL_SUM; comparing a collective across ranks is one small host all-gather.
     return inner, False, True
 
