@@ -5,7 +5,8 @@
 (auto, sim or cuda). What that changes in torch beyond the new device:
 
 - ``torch.accelerator`` now answers ``flagos``, also on a CUDA machine, so argument-less
-  ``pin_memory()`` and ``init_process_group()`` go to flagos (as they would for any PrivateUse1 plugin).
+  ``pin_memory()`` and ``init_process_group()`` go to flagos (as they would for any PrivateUse1 plugin);
+  ``torch.distributed`` gets the c10d backend ``flagos`` for the device (``torch_fl.distributed``).
 - On the simulated accelerator, the first use of the flagos device wraps torch's CPU allocator, so that
   host kernels running flagos operators allocate flagos memory. Other CPU allocations go to the original
   allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
@@ -52,8 +53,10 @@ except _metadata.PackageNotFoundError:
 torch._register_device_module(_BACKEND_NAME, flagos)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
-# Validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or variable).
-from torch_fl import routing  # noqa: E402
+# routing validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or
+# variable); distributed registers the flagos c10d backend (torch.distributed is loaded by `import torch`
+# already: this costs a few dictionary entries).
+from torch_fl import distributed, routing  # noqa: E402
 
 
 def build_info() -> dict:
@@ -121,6 +124,7 @@ def get_registered_ops() -> list[str]:
 __all__ = [
     "flagos",
     "routing",
+    "distributed",
     "build_info",
     "accelerator",
     "as_cuda",

@@ -15,4 +15,8 @@ void bind_graphs(pybind11::module_& m);
 // flaggems backends) and load FlagGems on first need.
 void install_python_route();
 
+// csrc/python/distributed.cpp: the flagos c10d backend (built where torch ships c10d's headers, bound where
+// torch.distributed is available).
+void bind_distributed(pybind11::module_& m);
+
 }  // namespace flagos::python

@@ -226,4 +226,9 @@ PYBIND11_MODULE(_C, m) {
   flagos::python::bind_routing(m);
   flagos::python::bind_graphs(m);
   flagos::python::install_python_route();
+#if FLAGOS_HAVE_C10D
+  if (py::module_::import("torch.distributed").attr("is_available")().cast<bool>()) {
+    flagos::python::bind_distributed(m);
+  }
+#endif
 }

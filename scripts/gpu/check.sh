@@ -2,7 +2,7 @@
 # Run on the lent GPU machine (see scripts/gpu/README.md): a fresh build against its torch, then the chosen
 # stages, each with its own time limit, logs under $OUT (or ./gpu-logs).
 #
-#   scripts/gpu/check.sh [stage...]     stages: build ctest cuda sim opinfo bench models (default: all)
+#   scripts/gpu/check.sh [stage...]     stages: build ctest cuda sim opinfo bench models dist (default: all)
 #
 # Wheels the machine lacks (expecttest, FlagGems; scripts/gpu/wheels.sh downloads them into .whl/) are
 # installed into /tmp/site first when .whl/ is there.
@@ -12,7 +12,7 @@ LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build ctest cuda sim opinfo bench models)
+[ ${#stages[@]} -eq 0 ] && stages=(build ctest cuda sim opinfo bench models dist)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 # GPU_SKIP_INSTALL=1: another run installed them already (concurrent installs into one --target clash).
@@ -81,4 +81,18 @@ if want models; then
     | tee "$LOGS/pytest-models.log" | tail -15
   timeout 150 python3 -m torch_fl.demo 2>&1 | tee "$LOGS/demo.log" | tail -25
   timeout 240 python3 benchmarks/qwen3.py --repeats 3 2>&1 | tee "$LOGS/qwen3.log" | tail -25
+fi
+if want dist; then
+  # The flagos c10d backend on NCCL: the multi-process scenarios with one process per GPU (world size 1,
+  # and every visible GPU where there are two or more), then the torchrun example at the 0.6B shape.
+  echo "== distributed: the flagos backend on NCCL (docs/distributed.md)"
+  timeout 420 python3 -m pytest tests/distributed/test_nccl_gpu.py -q -p no:cacheprovider -rs --durations=6 2>&1 \
+    | tee "$LOGS/dist-nccl.log" | grep -E "^(FAILED|ERROR|SKIPPED)|^E   |passed|failed" | head -30
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  for strategy in ddp fsdp2; do
+    echo "-- torchrun --nproc-per-node $gpus examples/train_qwen3_distributed.py --strategy $strategy"
+    timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
+      examples/train_qwen3_distributed.py --strategy "$strategy" --steps 5 2>&1 \
+      | tee "$LOGS/dist-example-$strategy.log" | grep -E "ranks:|^step|Error|error" | head -12
+  done
 fi
