@@ -8,6 +8,9 @@ namespace flagos::python {
 // csrc/python/routing.cpp: torch_fl.routing's native half.
 void bind_routing(pybind11::module_& m);
 
+// csrc/python/memory_history.cpp: torch.flagos.memory's allocator history and snapshot (HAL accelerators).
+void bind_memory_history(pybind11::module_& m);
+
 // csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
 // flaggems backends) and load FlagGems on first need.
 void install_python_route();

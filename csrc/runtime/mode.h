@@ -23,6 +23,7 @@
 #include <optional>
 #include <utility>
 
+#include "runtime/memory_history.h"
 #include "runtime/native_device.h"
 
 namespace flagos::runtime {
@@ -58,6 +59,9 @@ class RuntimeMode {
   // The flagos device of flagos memory whatever its label, nullopt for other memory.
   virtual std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const = 0;
   virtual NativeDevice native_device() const = 0;
+  // The device allocator's history and state (runtime/memory_history.h).
+  virtual void record_memory_history(const MemoryHistoryOptions& options) = 0;
+  virtual std::vector<DeviceMemorySnapshot> memory_snapshot() = 0;
 };
 
 namespace detail {

@@ -6,11 +6,14 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <optional>
+
 #include "ops/routes/native_call.h"
 #include "runtime/hal/hal_streams.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/native_device.h"
+#include "runtime/profiler/device_trace.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -57,6 +60,8 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   if (is_flagos(src) && is_flagos(dst)) {
     const c10::Stream dst_stream = current_stream(dst.device().index());
     if (src.device() == dst.device()) {
+      const runtime::profiler::DeviceSpan span(runtime::profiler::SpanKind::kMemcpy, "Memcpy DtoD (flagos)",
+                                               "", dst.device().index());
       check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
                                    hal_stream(dst_stream)),
                 "flagos_memcpy_async (device to device)");
@@ -73,6 +78,9 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   const at::Tensor& device_side = to_device ? dst : src;
   const at::Tensor& host_side = to_device ? src : dst;
   const c10::Stream stream = current_stream(device_side.device().index());
+  std::optional<runtime::profiler::DeviceSpan> span;
+  span.emplace(runtime::profiler::SpanKind::kMemcpy,
+               to_device ? "Memcpy HtoD (flagos)" : "Memcpy DtoH (flagos)", "", device_side.device().index());
   check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes,
                                to_device ? FLAGOS_MEMCPY_HOST_TO_DEVICE : FLAGOS_MEMCPY_DEVICE_TO_HOST,
                                hal_stream(stream)),
@@ -84,6 +92,7 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
                                             host_side.storage().data_ptr().get_context(), stream);
     return;
   }
+  span.reset();  // the copy's end on the stream, before the wait for it
   sync_stream(stream);
 }
 

@@ -397,6 +397,7 @@ std::optional<c10::Device> NativeCall::device() const {
 void NativeCall::enter() {
   const std::optional<c10::Device> device = scope_in(scope_).device();
   if (!device.has_value()) return;
+  if (device->type() == kFlagos) traced_device_ = device->index();
   if (native().host_kernels) {
     guard_.emplace(*device);
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.

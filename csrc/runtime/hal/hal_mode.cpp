@@ -60,6 +60,11 @@ class HalMode final : public RuntimeMode {
     device.allocator = c10::GetAllocator(c10::DeviceType::CPU);  // the host-kernel wrapper, once installed
     return device;
   }
+
+  void record_memory_history(const MemoryHistoryOptions& options) override {
+    hal_mode::record_memory_history(options);
+  }
+  std::vector<DeviceMemorySnapshot> memory_snapshot() override { return hal_mode::memory_snapshot(); }
 };
 
 }  // namespace
