@@ -13,9 +13,11 @@
 
 #include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
+#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -440,7 +442,20 @@ at::Tensor adopt_native(const at::Tensor& native_tensor) {
   TORCH_CHECK(native_tensor.device().type() == type,
               "expected a tensor on the flagos accelerator's native device (",
               c10::DeviceTypeName(type, true), "), got one on ", native_tensor.device());
-  const c10::Device device(kFlagos, native_tensor.device().index());
+  c10::DeviceIndex index = native_tensor.device().index();
+  if (native().host_kernels) {
+    // Host memory (the CPU is the native device on a HAL): it must be flagos memory, directly or as the view
+    // of a flagos storage, and its device is the one the allocator handed it out on.
+    const c10::DataPtr* data = &native_tensor.storage().data_ptr();
+    while (const c10::StorageImpl* owner = runtime::borrowed_from(*data)) data = &owner->data_ptr();
+    const std::optional<c10::DeviceIndex> owner_device = runtime::flagos_memory_device(*data);
+    TORCH_CHECK(owner_device.has_value(),
+                "the tensor's memory is not flagos memory (on this accelerator a flagos tensor must live in "
+                "memory the flagos allocator handed out): allocate on flagos and write through a native view "
+                "of it instead");
+    index = *owner_device;
+  }
+  const c10::Device device(kFlagos, index);
   return tensor_over(borrowed_storage(native_tensor.storage(), device, native().flagos_allocator), kFlagos,
                      native_tensor);
 }
