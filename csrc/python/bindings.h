@@ -8,6 +8,9 @@ namespace flagos::python {
 // csrc/python/routing.cpp: torch_fl.routing's native half.
 void bind_routing(pybind11::module_& m);
 
+// csrc/python/compat_calls.cpp: torch_fl.compat's device translation and translating call wrapper.
+void bind_compat_calls(pybind11::module_& m);
+
 // csrc/python/memory_history.cpp: torch.flagos.memory's allocator history and snapshot (HAL accelerators).
 void bind_memory_history(pybind11::module_& m);
 

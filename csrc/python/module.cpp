@@ -227,5 +227,6 @@ PYBIND11_MODULE(_C, m) {
 
   flagos::python::bind_routing(m);
   flagos::python::bind_memory_history(m);
+  flagos::python::bind_compat_calls(m);
   flagos::python::install_python_route();
 }
