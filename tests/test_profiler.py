@@ -166,10 +166,9 @@ def test_profiler_off_leaves_ops_untouched_and_restarts_cleanly():
     for _ in range(2):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
             a.mm(a)
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
-        assert [e.name for e in kernels if "mm" in e.name] == ["aten::mm.out [flagos]"] or [
-            e.name for e in kernels if "mm" in e.name
-        ] == ["aten::mm [flagos]"], [e.name for e in kernels]
+        kernels = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+        mm_kernels = [name for name in kernels if "mm" in name]
+        assert len(mm_kernels) == 1 and mm_kernels[0].endswith("[flagos]"), kernels
         a.mm(a)  # not profiled
 
 
