@@ -11,6 +11,12 @@ void bind_routing(pybind11::module_& m);
 // csrc/python/graphs.cpp: torch.flagos's graph API.
 void bind_graphs(pybind11::module_& m);
 
+// csrc/python/compat_calls.cpp: torch_fl.compat's device translation and translating call wrapper.
+void bind_compat_calls(pybind11::module_& m);
+
+// csrc/python/memory_history.cpp: torch.flagos.memory's allocator history and snapshot (HAL accelerators).
+void bind_memory_history(pybind11::module_& m);
+
 // csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
 // flaggems backends) and load FlagGems on first need.
 void install_python_route();

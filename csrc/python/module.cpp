@@ -19,6 +19,7 @@
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/mode.h"
+#include "runtime/profiler/device_trace.h"
 #include "runtime/setup.h"
 #include "runtime/stream.h"
 
@@ -120,6 +121,7 @@ py::dict build_info() {
   d["built_with_torch"] = TORCH_VERSION;
   d["torch_has_cuda"] = static_cast<bool>(FLAGOS_TORCH_HAS_CUDA);
   d["hals"] = hal_api::built_hals();
+  d["kineto_device_profiler"] = flagos::runtime::profiler::kineto_profiler_registered();
   return d;
 }
 
@@ -225,6 +227,8 @@ PYBIND11_MODULE(_C, m) {
 
   flagos::python::bind_routing(m);
   flagos::python::bind_graphs(m);
+  flagos::python::bind_memory_history(m);
+  flagos::python::bind_compat_calls(m);
   flagos::python::install_python_route();
 #if FLAGOS_HAVE_C10D
   if (py::module_::import("torch.distributed").attr("is_available")().cast<bool>()) {

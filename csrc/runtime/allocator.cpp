@@ -66,6 +66,14 @@ std::pair<size_t, size_t> FlagosDeviceAllocator::getMemoryInfo(c10::DeviceIndex 
   return {free_bytes, total_bytes};
 }
 
+void record_memory_history(const MemoryHistoryOptions& options) {
+  active_mode().record_memory_history(options);
+}
+
+std::vector<DeviceMemorySnapshot> memory_snapshot() {
+  return active_mode().memory_snapshot();
+}
+
 FlagosDeviceAllocator* device_allocator() {
   static FlagosDeviceAllocator allocator;
   return &allocator;

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "runtime/graph.h"
+#include "runtime/memory_history.h"
 #include "runtime/native_device.h"
 
 namespace flagos::runtime {
@@ -65,6 +66,10 @@ class RuntimeMode {
   virtual std::unique_ptr<DeviceGraph> new_graph(bool keep_graph) = 0;
   virtual c10::MempoolId_t graph_pool_handle() = 0;
   virtual bool is_stream_capturing(const c10::Stream& stream) const = 0;
+
+  // The device allocator's history and state (runtime/memory_history.h).
+  virtual void record_memory_history(const MemoryHistoryOptions& options) = 0;
+  virtual std::vector<DeviceMemorySnapshot> memory_snapshot() = 0;
 };
 
 namespace detail {

@@ -4,9 +4,11 @@
 #include <flagos/loader.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace flagos::hal {
 namespace {
@@ -148,6 +150,32 @@ TEST_F(SimEnvironment, StreamDelayMakesMissingSynchronizationObservable) {
   EXPECT_EQ(sim()->free(device), FLAGOS_SUCCESS);
   EXPECT_EQ(sim()->host_free(upload), FLAGOS_SUCCESS);
   EXPECT_EQ(sim()->host_free(download), FLAGOS_SUCCESS);
+}
+
+// An event recorded on an idle stream completes at its record, not when the worker thread wakes: a profiler
+// brackets host kernels (run on the calling thread, the stream drained first) with two such events, and
+// their elapsed time must be the kernel's.
+TEST_F(SimEnvironment, EventOnAnIdleStreamCompletesAtItsRecord) {
+  if (env("FLAGOS_SIM_STREAM_DELAY_US")) GTEST_SKIP() << "with a stream delay every record is queued";
+  flagos_stream_t stream = nullptr;
+  ASSERT_EQ(sim()->stream_create(0, 0, &stream), FLAGOS_SUCCESS);
+  flagos_event_t start = nullptr;
+  flagos_event_t end = nullptr;
+  ASSERT_EQ(sim()->event_create(&start, FLAGOS_EVENT_DEFAULT), FLAGOS_SUCCESS);
+  ASSERT_EQ(sim()->event_create(&end, FLAGOS_EVENT_DEFAULT), FLAGOS_SUCCESS);
+  ASSERT_EQ(sim()->event_record(start, stream), FLAGOS_SUCCESS);
+  EXPECT_EQ(sim()->event_query(start), FLAGOS_SUCCESS);
+  EXPECT_EQ(sim()->stream_query(stream), FLAGOS_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "host kernel" work
+  ASSERT_EQ(sim()->event_record(end, stream), FLAGOS_SUCCESS);
+  EXPECT_EQ(sim()->event_query(end), FLAGOS_SUCCESS);
+  float ms = 0;
+  ASSERT_EQ(sim()->event_elapsed_time(&ms, start, end), FLAGOS_SUCCESS);
+  EXPECT_GE(ms, 19.0f);
+  EXPECT_LT(ms, 2000.0f);
+  EXPECT_EQ(sim()->event_destroy(start), FLAGOS_SUCCESS);
+  EXPECT_EQ(sim()->event_destroy(end), FLAGOS_SUCCESS);
+  EXPECT_EQ(sim()->stream_destroy(stream), FLAGOS_SUCCESS);
 }
 
 }  // namespace

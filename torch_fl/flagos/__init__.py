@@ -12,6 +12,7 @@ import torch
 
 from torch_fl import _C
 
+from . import memory
 from ._utils import _device_index, _lazy_init, current_device
 from .graphs import (
     FlagosGraph,
@@ -31,6 +32,7 @@ from .memory import (
     memory_reserved,
     memory_stats,
     memory_stats_as_nested_dict,
+    memory_summary,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
     reset_peak_memory_stats,
@@ -320,9 +322,11 @@ __all__ = [
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory",
     "memory_reserved",
     "memory_stats",
     "memory_stats_as_nested_dict",
+    "memory_summary",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",

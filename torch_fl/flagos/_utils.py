@@ -11,6 +11,9 @@ from torch_fl import _C
 
 _DEVICE_TYPE = "flagos"
 _init_lock = threading.Lock()
+# Set by torch_fl.compat while its opt-in CUDA compatibility is on: "cuda"/"cuda:N" then name flagos devices
+# in every torch.flagos call (checked only on the path that would otherwise reject them).
+_accept_cuda = False
 _initialized = False  # this module's part done (the C++ device may have been initialised before it)
 
 
@@ -47,7 +50,7 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != _DEVICE_TYPE:
+        if device.type != _DEVICE_TYPE and not (_accept_cuda and device.type == "cuda"):
             raise ValueError(f"expected a flagos device, got '{device}'")
         return current_device() if device.index is None else device.index
     raise TypeError(f"expected a device index, string or torch.device, got {type(device).__name__}")

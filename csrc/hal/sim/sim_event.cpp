@@ -112,6 +112,7 @@ FLAGOS_HAL_API flagos_status_t flagos_event_record(flagos_event_t event, flagos_
                     " but the stream to device " + std::to_string(target->device()));
   }
   uint64_t generation = found->begin_record();
+  if (target->run_marker_if_idle([&] { found->complete(generation); })) return FLAGOS_SUCCESS;
   flagos_status_t status = target->enqueue_marker([found, generation] { found->complete(generation); });
   if (status != FLAGOS_SUCCESS) found->complete(generation);
   return status;

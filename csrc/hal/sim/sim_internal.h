@@ -65,6 +65,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // (delayed tasks must stay pending, so that missing synchronisation stays observable).
   template <typename Task>
   bool run_if_idle(Task&& task);
+  // The same for a marker task (an event record): on an idle stream the marker completes now, under the
+  // stream's lock as on the worker, so an event recorded on an idle stream carries the time of its record
+  // (a profiler's start event before a host kernel times the kernel, not the worker's wake-up).
+  template <typename Task>
+  bool run_marker_if_idle(Task&& task);
   // Returns once everything queued before the call has run. Without a lock when nothing is pending.
   void synchronize();
   bool idle();
@@ -115,6 +120,21 @@ bool Stream::run_if_idle(Task&& task) {
   completed_.fetch_add(1, std::memory_order_release);
   work_done_.notify_all();
   if (!queue_.empty() || closing_) work_ready_.notify_one();
+  return true;
+}
+
+template <typename Task>
+bool Stream::run_marker_if_idle(Task&& task) {
+  if (config().stream_delay.count() > 0) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closing_ || running_inline_ || !queue_.empty() ||
+      completed_.load(std::memory_order_relaxed) != enqueued_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  enqueued_.fetch_add(1, std::memory_order_relaxed);
+  task();
+  completed_.fetch_add(1, std::memory_order_release);
+  work_done_.notify_all();
   return true;
 }
 

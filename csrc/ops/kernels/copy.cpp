@@ -6,6 +6,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <optional>
+
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/native_call.h"
 #include "runtime/graph.h"
@@ -13,6 +15,7 @@
 #include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/native_device.h"
+#include "runtime/profiler/device_trace.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -59,6 +62,8 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   if (is_flagos(src) && is_flagos(dst)) {
     const c10::Stream dst_stream = current_stream(dst.device().index());
     if (src.device() == dst.device()) {
+      const runtime::profiler::DeviceSpan span(runtime::profiler::SpanKind::kMemcpy, "Memcpy DtoD (flagos)",
+                                               "", dst.device().index());
       check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
                                    hal_stream(dst_stream)),
                 "flagos_memcpy_async (device to device)");
@@ -79,6 +84,9 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   const void* host_base = host_side.storage().data();
   const bool waits = !(non_blocking && runtime::is_pinned_ptr(host_base));
   if (waits) runtime::capture::check_allowed(&stream, "a blocking copy between flagos and host memory");
+  std::optional<runtime::profiler::DeviceSpan> span;
+  span.emplace(runtime::profiler::SpanKind::kMemcpy,
+               to_device ? "Memcpy HtoD (flagos)" : "Memcpy DtoH (flagos)", "", device_side.device().index());
   check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes,
                                to_device ? FLAGOS_MEMCPY_HOST_TO_DEVICE : FLAGOS_MEMCPY_DEVICE_TO_HOST,
                                hal_stream(stream)),
@@ -89,6 +97,7 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
                                             host_side.storage().data_ptr().get_context(), stream);
     return;
   }
+  span.reset();  // the copy's end on the stream, before the wait for it
   sync_stream(stream);
 }
 

@@ -13,10 +13,12 @@
 
 #include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
+#include "runtime/borrowed_memory.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/graph.h"
 #include "runtime/hal_runtime.h"
+#include "runtime/native_device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops {
@@ -382,6 +384,7 @@ std::optional<c10::Device> NativeCall::device() const {
 void NativeCall::enter() {
   const std::optional<c10::Device> device = scope_in(scope_).device();
   if (!device.has_value()) return;
+  if (device->type() == kFlagos) traced_device_ = device->index();
   if (native().host_kernels) {
     guard_.emplace(*device);
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
@@ -428,7 +431,20 @@ at::Tensor adopt_native(const at::Tensor& native_tensor) {
   TORCH_CHECK(native_tensor.device().type() == type,
               "expected a tensor on the flagos accelerator's native device (",
               c10::DeviceTypeName(type, true), "), got one on ", native_tensor.device());
-  const c10::Device device(kFlagos, native_tensor.device().index());
+  c10::DeviceIndex index = native_tensor.device().index();
+  if (native().host_kernels) {
+    // Host memory (the CPU is the native device on a HAL): it must be flagos memory, directly or as the view
+    // of a flagos storage, and its device is the one the allocator handed it out on.
+    const c10::DataPtr* data = &native_tensor.storage().data_ptr();
+    while (const c10::StorageImpl* owner = runtime::borrowed_from(*data)) data = &owner->data_ptr();
+    const std::optional<c10::DeviceIndex> owner_device = runtime::flagos_memory_device(*data);
+    TORCH_CHECK(owner_device.has_value(),
+                "the tensor's memory is not flagos memory (on this accelerator a flagos tensor must live in "
+                "memory the flagos allocator handed out): allocate on flagos and write through a native view "
+                "of it instead");
+    index = *owner_device;
+  }
+  const c10::Device device(kFlagos, index);
   return tensor_over(borrowed_storage(native_tensor.storage(), device, native().flagos_allocator), kFlagos,
                      native_tensor);
 }

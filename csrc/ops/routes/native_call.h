@@ -28,6 +28,7 @@
 #include <optional>
 
 #include "runtime/allocator.h"
+#include "runtime/profiler/device_trace.h"
 
 namespace flagos::ops {
 
@@ -76,6 +77,9 @@ class NativeCall {
   template <class Kernel>
   decltype(auto) run(const char* name, const char* overload, Kernel&& kernel) {
     enter();
+    // The kernel's device time for torch's profiler (one relaxed load when no trace is on).
+    const runtime::profiler::DeviceSpan span(runtime::profiler::SpanKind::kKernel, name, overload,
+                                             traced_device_);
     try {
       std::optional<runtime::HostKernelAllocations> host_allocations;
       if (host_allocations_) host_allocations.emplace();
@@ -104,6 +108,7 @@ class NativeCall {
   std::optional<c10::DeviceGuard> guard_;
   Kind kind_;
   bool host_allocations_;
+  c10::DeviceIndex traced_device_ = -1;  // the call's flagos device (enter()), -1 when it has none
 };
 
 // A native-device tensor over the memory of flagos tensor `flagos` (same geometry and view bits), keeping

@@ -265,6 +265,17 @@ class BackedMode final : public RuntimeMode {
     return backing_stream_is_capturing(backing_.stream(stream));
   }
 
+  // flagos memory is the backing allocator's, which keeps its own history (torch.cuda.memory's; the Python
+  // side of torch.flagos.memory delegates there).
+  void record_memory_history(const MemoryHistoryOptions& /*options*/) override {
+    TORCH_CHECK(false, "flagos memory is ", backing_.type, " memory here: its history is the ", backing_.type,
+                " caching allocator's (torch.flagos.memory._record_memory_history delegates to it)");
+  }
+  std::vector<DeviceMemorySnapshot> memory_snapshot() override {
+    TORCH_CHECK(false, "flagos memory is ", backing_.type, " memory here: its snapshot is the ",
+                backing_.type, " caching allocator's (torch.flagos.memory._snapshot delegates to it)");
+  }
+
  private:
   Backing backing_;
   BackedGuard guard_;

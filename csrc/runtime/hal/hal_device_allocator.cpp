@@ -1,4 +1,5 @@
 #include "runtime/allocator.h"
+#include "runtime/hal/hal_memory_history.h"
 #include "runtime/hal/hal_parts.h"
 #include "runtime/hal/hal_streams.h"
 
@@ -27,6 +28,7 @@ namespace {
 using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingDeviceAllocator::StatArray;
 using c10::CachingDeviceAllocator::StatType;
+using Action = MemoryTraceEntry::Action;
 
 constexpr size_t kMinBlockSize = 512;         // every block is a multiple of this
 constexpr size_t kSmallSize = 1 << 20;        // blocks up to 1 MiB belong to the small pool
@@ -42,6 +44,7 @@ struct Block {
   ska::flat_hash_set<c10::StreamId> stream_uses;  // other streams that used it (record_stream)
   int pending_events = 0;
   c10::MempoolId_t pool{0, 0};  // a graph's private pool, or {0, 0}: the device's general cache
+  std::shared_ptr<c10::GatheredContext> context;  // where it was allocated, while history asks for stacks
 };
 
 struct BlockOrder {
@@ -139,6 +142,9 @@ class AllocatorState {
     if (nbytes == 0) return {nullptr, nullptr, &free_ptr, flagos_device(device)};
     const c10::StreamId stream = current_stream(device).id();
     const size_t size = rounded_size(nbytes);
+    // Before the lock: gathering a stack takes the GIL (runtime/hal/hal_memory_history.h).
+    std::shared_ptr<c10::GatheredContext> context =
+        history_.enabled() ? history_.gather_for_alloc() : nullptr;
     std::unique_lock<std::mutex> lock(mutex_);
     DeviceState& st = state(device);
     process_pending(st);
@@ -157,11 +163,32 @@ class AllocatorState {
     update_stat(st.stats.active, block->size, 1);
     update_stat(st.stats.active_bytes, block->size, static_cast<int64_t>(block->size));
     update_stat(st.stats.requested_bytes, block->size, static_cast<int64_t>(nbytes));
-    return {block->ptr, block->ptr, &free_ptr, flagos_device(device)};
+    if (C10_UNLIKELY(history_.enabled())) {
+      if (history_.keeps_block_stacks()) block->context = context;
+      history_.record(device, Action::kAlloc, address(block), nbytes, stream, std::move(context));
+    }
+    void* ptr = block->ptr;
+    const size_t block_size = block->size;
+    const Totals totals = totals_of(st);
+    lock.unlock();
+    // torch.profiler's profile_memory (one check when it is off, as in CUDA's allocator).
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      c10::reportMemoryUsageToProfiler(ptr, static_cast<int64_t>(block_size), totals.allocated,
+                                       totals.reserved, flagos_device(device));
+    }
+    return {ptr, ptr, &free_ptr, flagos_device(device)};
   }
 
   void free(void* ptr) noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<c10::GatheredContext> context;
+    if (C10_UNLIKELY(history_.enabled())) {
+      try {
+        context = history_.gather_for_free();
+      } catch (const std::exception&) {
+        // A stack is a nicety; the free must happen.
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
     auto it = live_.find(ptr);
     if (it == live_.end()) {
       std::fprintf(stderr, "torch_fl: warning: freeing %p, which the flagos allocator does not own\n", ptr);
@@ -173,6 +200,11 @@ class AllocatorState {
     update_stat(st.stats.allocation, block->size, -1);
     update_stat(st.stats.allocated_bytes, block->size, -static_cast<int64_t>(block->size));
     update_stat(st.stats.requested_bytes, block->size, -static_cast<int64_t>(block->requested));
+    block->context.reset();
+    if (C10_UNLIKELY(history_.enabled())) {
+      history_.record(block->device, Action::kFreeRequested, address(block), block->requested, block->stream,
+                      std::move(context));
+    }
     try {
       for (c10::StreamId use : block->stream_uses) {
         flagos_event_t event = take_event(st, block->device);
@@ -189,7 +221,15 @@ class AllocatorState {
       block->pending_events = 0;
     }
     block->stream_uses.clear();
+    const c10::DeviceIndex device = block->device;
+    const size_t block_size = block->size;
     if (block->pending_events == 0) return_to_cache(st, block);
+    const Totals totals = totals_of(st);
+    lock.unlock();
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(block_size), totals.allocated,
+                                       totals.reserved, flagos_device(device));
+    }
   }
 
   std::optional<c10::DeviceIndex> device_of(const void* ptr) {
@@ -294,7 +334,52 @@ class AllocatorState {
     for_each_stat(device, [](c10::CachingAllocator::Stat& s) { s.reset_peak(); });
   }
 
+  void record_history(const MemoryHistoryOptions& options) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    history_.configure(options, static_cast<size_t>(device_count()));
+  }
+
+  std::vector<DeviceMemorySnapshot> snapshot() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<DeviceMemorySnapshot> devices(static_cast<size_t>(device_count()));
+    auto add = [&](const Block* b, bool allocated, bool pending_free) {
+      devices.at(static_cast<size_t>(b->device))
+          .blocks.push_back(
+              {address(b), b->size, b->requested, b->stream, allocated, pending_free, b->context});
+    };
+    for (const auto& [ptr, block] : live_) add(block, /*allocated=*/true, /*pending_free=*/false);
+    for (const auto& st : devices_) {
+      if (!st) continue;
+      std::set<const Block*> fenced;  // a block waits on one event per other stream that used it
+      for (const auto& [event, block] : st->pending) {
+        if (fenced.insert(block).second) add(block, /*allocated=*/false, /*pending_free=*/true);
+      }
+      for (const Block* block : st->free_blocks) add(block, false, false);
+      for (const auto& [id, pool] : st->pools) {
+        for (const Block* block : pool.free_blocks) add(block, false, false);
+      }
+    }
+    for (c10::DeviceIndex d = 0; d < static_cast<c10::DeviceIndex>(devices.size()); ++d) {
+      DeviceMemorySnapshot& snap = devices[static_cast<size_t>(d)];
+      std::sort(snap.blocks.begin(), snap.blocks.end(),
+                [](const MemoryBlockState& a, const MemoryBlockState& b) { return a.address < b.address; });
+      snap.trace = history_.trace(d);
+    }
+    return devices;
+  }
+
  private:
+  struct Totals {
+    size_t allocated;
+    size_t reserved;
+  };
+  static Totals totals_of(const DeviceState& st) {
+    const auto all = static_cast<size_t>(StatType::AGGREGATE);
+    return {static_cast<size_t>(st.stats.allocated_bytes[all].current),
+            static_cast<size_t>(st.stats.reserved_bytes[all].current)};
+  }
+  static uintptr_t address(const Block* block) { return reinterpret_cast<uintptr_t>(block->ptr); }
+
   DeviceState& state(c10::DeviceIndex device) {
     if (devices_.empty()) devices_.resize(static_cast<size_t>(device_count()));
     auto& slot = devices_[static_cast<size_t>(device)];
@@ -326,6 +411,9 @@ class AllocatorState {
   }
 
   void free_to_hal(DeviceState& st, Block* block) {
+    if (C10_UNLIKELY(history_.enabled())) {
+      history_.record(block->device, Action::kSegmentFree, address(block), block->size, block->stream, nullptr);
+    }
     hal().free(block->ptr);
     st.stats.num_device_free += 1;
     update_stat(st.stats.segment, block->size, -1);
@@ -348,6 +436,12 @@ class AllocatorState {
     }
     if (status == FLAGOS_ERROR_OUT_OF_MEMORY) {
       st.stats.num_ooms += 1;
+      if (C10_UNLIKELY(history_.enabled())) {
+        size_t free_now = 0;
+        size_t total_now = 0;
+        h.mem_get_info(device, &free_now, &total_now);
+        history_.record(device, Action::kOom, free_now, nbytes, stream, history_.gather_for_alloc());
+      }
       const size_t allocated =
           static_cast<size_t>(st.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
       const size_t reserved =
@@ -369,6 +463,9 @@ class AllocatorState {
                       "flagos_malloc(device " + std::to_string(device) + ", " + format_bytes(size) + ")");
     }
     auto* block = new Block{device, stream, size, nbytes, ptr, {}};
+    if (C10_UNLIKELY(history_.enabled())) {
+      history_.record(device, Action::kSegmentAlloc, address(block), size, stream, nullptr);
+    }
     st.stats.num_device_alloc += 1;
     update_stat(st.stats.segment, size, 1);
     update_stat(st.stats.reserved_bytes, size, static_cast<int64_t>(size));
@@ -378,6 +475,10 @@ class AllocatorState {
   void return_to_cache(DeviceState& st, Block* block) {
     update_stat(st.stats.active, block->size, -1);
     update_stat(st.stats.active_bytes, block->size, -static_cast<int64_t>(block->size));
+    if (C10_UNLIKELY(history_.enabled())) {
+      history_.record(block->device, Action::kFreeCompleted, address(block), block->requested, block->stream,
+                      nullptr);
+    }
     if (block->pool == kGeneral) {
       st.free_blocks.insert(block);
       return;
@@ -429,6 +530,7 @@ class AllocatorState {
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceState>> devices_;
   ska::flat_hash_map<void*, Block*> live_;
+  MemoryHistoryRecorder history_;
 };
 
 AllocatorState& allocator_state() {
@@ -512,6 +614,14 @@ class HalDeviceAllocator final : public c10::DeviceAllocator {
 c10::DeviceAllocator& device_allocator() {
   static HalDeviceAllocator allocator;
   return allocator;
+}
+
+void record_memory_history(const MemoryHistoryOptions& options) {
+  allocator_state().record_history(options);
+}
+
+std::vector<DeviceMemorySnapshot> memory_snapshot() {
+  return allocator_state().snapshot();
 }
 
 std::optional<c10::DeviceIndex> owned_memory_device(const c10::DataPtr& ptr) {

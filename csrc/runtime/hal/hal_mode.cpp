@@ -66,6 +66,11 @@ class HalMode final : public RuntimeMode {
   bool is_stream_capturing(const c10::Stream& stream) const override {
     return hal_mode::is_stream_capturing(stream);
   }
+
+  void record_memory_history(const MemoryHistoryOptions& options) override {
+    hal_mode::record_memory_history(options);
+  }
+  std::vector<DeviceMemorySnapshot> memory_snapshot() override { return hal_mode::memory_snapshot(); }
 };
 
 }  // namespace

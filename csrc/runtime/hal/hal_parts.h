@@ -7,8 +7,10 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "runtime/graph.h"
+#include "runtime/memory_history.h"
 
 namespace flagos::runtime::hal_mode {
 
@@ -25,6 +27,9 @@ void begin_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool, c10:
 void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t pool);
 void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool);
 bool in_pool(const void* ptr, c10::MempoolId_t pool);
+// Its history and state for torch.flagos.memory._record_memory_history() / _snapshot().
+void record_memory_history(const MemoryHistoryOptions& options);
+std::vector<DeviceMemorySnapshot> memory_snapshot();
 // Wraps the process's CPU allocator so that host kernels inside runtime::HostKernelAllocations allocate
 // flagos memory (once; see hal_device_allocator.cpp).
 void install_host_kernel_allocator();
