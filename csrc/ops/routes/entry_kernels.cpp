@@ -44,6 +44,10 @@ constexpr const char* kBuiltinOps[] = {
     // mse_loss.out, whose native kernel warns that it resizes the (correctly shaped) out= tensor on every
     // call, a torch bug that plain CPU out= calls show too. Routed, the native kernel runs functionally.
     "mse_loss",
+    // Its CompositeExplicitAutogradNonFunctional kernel runs index's meta function (which expands boolean
+    // and uint8 masks through nonzero and warns once per uint8 mask) and then index.Tensor_out, whose
+    // native kernel runs it again: twice the warnings CPU and CUDA give, and a nonzero per mask more.
+    "index.Tensor",
 };
 
 // Composite ops routed directly when backed although the native device has no kernel of its own for them:
