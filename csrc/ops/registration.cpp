@@ -13,14 +13,20 @@
 //   _fused_sdp_choice_stub: flagos's choice of fused attention (ops/kernels/attention.h).
 //   The router's rule listener: ensure_routed_kernel.
 //
+//   SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1: layout_fallback, the native route for
+//                           sparse and quantized tensors (ops/routes/native_layouts.h).
+//
 // Later, at run time (each registration kept for the process):
 //   - when a rule first names a composite op (config, env, API or override context), ensure_routed_kernel
 //     registers the router's PrivateUse1 kernel for it (and an AutogradPrivateUse1 one for a
 //     CompositeImplicitAutograd op), so that its calls reach the router;
+//   - once, before the first sparse or quantized flagos tensor is made (ops/routes/native_layouts.h): the
+//     ops that have a kernel for those layouts on the native device and a composite kernel get
+//     layout_fallback for those layouts on flagos (route_native_layout_kernels);
 //   - once, when the device is first initialised, whatever the first call is (runtime/setup.h), the set-up
-//     step below: when the native kernels are device kernels (backed by CUDA), the ops the native device
-//     has kernels for are routed directly (route_backed_kernels_directly), and on CUDA flash attention's
-//     overrideable kernels are registered.
+//     step below: when the native kernels are device kernels
+//     (backed by CUDA), the ops the native device has kernels for are routed directly
+//     (route_backed_kernels_directly), and on CUDA flash attention's overrideable kernels are registered.
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
@@ -30,6 +36,7 @@
 #include "ops/kernels/copy.h"
 #include "ops/routes/dispatch.h"
 #include "ops/routes/entry_kernels.h"
+#include "ops/routes/native_layouts.h"
 #include "ops/routing/router.h"
 #include "runtime/native_device.h"
 #include "runtime/setup.h"
@@ -83,6 +90,21 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
+// Sparse and quantized flagos tensors: the native route for the same layouts (ops/routes/native_layouts.h).
+// Before the first such tensor is made, the ops with a composite kernel and a kernel for those layouts on
+// the native device get the same kernel (register_layout_kernels).
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
 // torch.autocast("flagos"): ops without a policy fall through to the next dispatch key.
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
@@ -110,12 +132,17 @@ void set_up_for_native_device() {
   kernels::set_flash_attention_registered();
 }
 
+void register_layout_kernels() {
+  route_native_layout_kernels(runtime::native_device().key);
+}
+
 // After the TORCH_LIBRARY_IMPLs above (same file: initialised in order).
 struct AtLoad {
   AtLoad() {
     register_unboxed_fallback_kernels();
     set_rule_listener(&ensure_routed_kernel);
     runtime::add_setup_step(&set_up_for_native_device);
+    native_layouts::set_first_use_step(&register_layout_kernels);
   }
 } at_load;
 

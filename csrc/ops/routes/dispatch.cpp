@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "ops/routes/native_boxed.h"
+#include "ops/routes/native_layouts.h"
 #include "ops/routes/python.h"
+#include "runtime/setup.h"
 
 namespace flagos::ops {
 namespace {
@@ -120,6 +122,13 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_route(route_for(op), op, stack);
+}
+
+void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  runtime::initialize();  // a factory of these layouts (no flagos tensor yet) may be the device's first use
+  native_layouts::ensure_first_use();
+  thread_calls().bump(static_cast<int>(Backend::kNative));
+  run_native_layouts(op, keys, stack);
 }
 
 std::array<uint64_t, kNumBackends> backend_call_counts() {

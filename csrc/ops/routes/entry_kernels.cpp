@@ -55,6 +55,11 @@ constexpr const char* kBuiltinOps[] = {
 // (the same composite, on aliases); routed directly, one copy_ on aliases is all a copy costs.
 constexpr const char* kBackedDirectComposites[] = {"copy_"};
 
+// Composite ops that the layouts' kernel takes even though the native device has no kernel of its own for
+// them: copy_'s composite calls _copy_from, which no native device implements for sparse or quantized
+// tensors (CPU and CUDA copy them in copy_ itself, as its composite does on them).
+constexpr const char* kLayoutDirectComposites[] = {"copy_"};
+
 bool is_builtin(const c10::OperatorName& name) {
   static const std::unordered_set<c10::OperatorName>* builtin = [] {
     auto* names = new std::unordered_set<c10::OperatorName>();
@@ -189,6 +194,34 @@ void register_unboxed_fallback_kernels() {
     library_locked(r, "aten", DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), fast.kernel());
     r.unboxed_fallback.insert(name);
   }
+}
+
+size_t route_native_layout_kernels(c10::DispatchKey native_key) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const c10::BackendComponent native_backend = c10::toBackendComponent(native_key);
+  std::unordered_set<c10::OperatorName> direct;
+  for (const char* text : kLayoutDirectComposites) direct.insert(aten_name(text));
+  size_t registered = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+    if (!op.has_value()) continue;
+    for (DispatchKey layout : {DispatchKey::Sparse, DispatchKey::SparseCsr, DispatchKey::Quantized}) {
+      const DispatchKey flagos_key =
+          c10::toRuntimePerBackendFunctionalityKey(layout, c10::BackendComponent::PrivateUse1Bit);
+      if (op->hasKernelForDispatchKey(flagos_key)) continue;
+      if (!op->hasKernelForDispatchKey(c10::toRuntimePerBackendFunctionalityKey(layout, native_backend)) &&
+          direct.count(name) == 0) {
+        continue;
+      }
+      if (!composite_key(*op).has_value()) continue;
+      const std::string ns = name.name.substr(0, name.name.find("::"));
+      library_locked(r, ns, flagos_key)
+          .impl(op_display_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+      ++registered;
+    }
+  }
+  return registered;
 }
 
 std::vector<std::pair<std::string, OpEntry>> unboxed_kernel_ops() {

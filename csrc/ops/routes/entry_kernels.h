@@ -61,6 +61,17 @@ void ensure_routed_kernel(const c10::OperatorHandle& op);
 // routed.
 size_t route_backed_kernels_directly(c10::DispatchKey native_key);
 
+// Makes flagos tensors of the sparse and quantized layouts (ops/routes/native_layouts.h) run what the native
+// device runs for them: every op with a kernel for a layout of the native device (SparseCPU, QuantizedCUDA,
+// ...) and a composite kernel (which would otherwise run for that layout on flagos: empty_like's and
+// clone's decompositions, say) gets layout_fallback (ops/routes/dispatch.h) as its kernel for that layout
+// on flagos; so does copy_, whose composite calls a _copy_from no native device has for these layouts.
+// Every other op reaches layout_fallback as the layouts' fallback, which runs what the native device runs
+// (its kernel, its composite or its error). Call once, before the first flagos tensor of these layouts
+// exists (it changes those layouts' dispatch table entries, which nothing reads until then). Returns how
+// many kernels it registered.
+size_t route_native_layout_kernels(c10::DispatchKey native_key);
+
 // The ops whose calls reach the router through their unboxed kernel (ops/routes/native_unboxed.h) in this
 // process, with
 // how: kFallback (it stands in for the fallback), kBuiltin (routed directly from the start or when backed).

@@ -3,14 +3,18 @@
 #include "ops/routes/native_call.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include <memory>
 #include <new>
 #include <typeinfo>
+#include <utility>
 
+#include "ops/routes/native_layouts.h"
 #include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -65,8 +69,10 @@ class AliasScope {
   AliasScope& operator=(const AliasScope&) = delete;
 
   ~AliasScope() {
-    if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
+    if (layouts_) layouts_->sparse.clear();  // first: a sparse alias holds its members' aliases
+    if (recycler_ == nullptr) return;        // Python's aliases hold their memory (runtime::borrow): dropped
     for (AliasedTensor& a : tensors_) {
+      if (native_layouts::has_members(a.native)) continue;  // a quantized alias owns its borrow: dropped
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
       if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
       if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
@@ -93,6 +99,7 @@ class AliasScope {
       return t;
     }
     note_device(t.device());
+    if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
     if (const AliasedTensor* shared = aliasing(t.storage().unsafeGetStorageImpl())) {
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
@@ -162,9 +169,20 @@ class AliasScope {
       // An argument of another device returned (copy_ into a cuda or host tensor): the caller's own.
       if (arg == out_impl) return const_cast<c10::TensorImpl*>(arg);
     }
+    if (C10_UNLIKELY(layouts_ != nullptr)) {
+      for (AliasedTensor& a : layouts_->sparse) {
+        if (a.native.unsafeGetTensorImpl() != out_impl) continue;
+        c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
+        native_layouts::update_from(*flagos, out, [this](const at::Tensor& m) { return adopt_member(m); });
+        return flagos;
+      }
+    }
     for (AliasedTensor& a : tensors_) {
       if (a.native.unsafeGetTensorImpl() != out_impl) continue;
       c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
+      if (C10_UNLIKELY(native_layouts::has_members(out))) {
+        native_layouts::update_from(*flagos, out, [this](const at::Tensor& m) { return adopt_member(m); });
+      }
       // A kernel may have resized an out= argument.
       if (out.storage().data() != flagos->unsafe_storage().data()) {
         adopt_regrown(out, flagos);
@@ -202,16 +220,21 @@ class AliasScope {
     auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
     if (!out.defined() || out.device().type() == kFlagos) return as_is();
     if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
+    if (C10_UNLIKELY(native_layouts::has_members(out)) && !out.is_quantized()) {
+      // A fresh sparse result (one a kernel changed in place is an argument, above): its members adopted.
+      return native_layouts::sparse_like(out, kFlagos,
+                                         [this](const at::Tensor& m) { return adopt_member(m); });
+    }
     const c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
     for (const AliasedTensor& a : tensors_) {
       // A view of an input: the same view over its flagos storage.
       if (a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage) {
-        return tensor_over(a.flagos->unsafe_storage(), kFlagos, out);
+        return flagos_tensor_over(a.flagos->unsafe_storage(), out);
       }
     }
     for (const SharedResult& s : shared_results_) {
       // A view of an earlier result's memory.
-      if (s.native.unsafeGetStorageImpl() == storage) return tensor_over(s.flagos, kFlagos, out);
+      if (s.native.unsafeGetStorageImpl() == storage) return flagos_tensor_over(s.flagos, out);
     }
     if (out.device().type() != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
     return adopt_fresh(out, movable);
@@ -252,6 +275,7 @@ class AliasScope {
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
     const c10::Storage& storage = out.storage();
     if (native().host_kernels && !holds_flagos_memory(storage)) {
+      if (C10_UNLIKELY(out.is_quantized())) return flagos_tensor_over(flagos_copy_of(storage), out);
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
       result.copy_(out);
@@ -272,7 +296,63 @@ class AliasScope {
       flagos = borrowed_storage(storage, device, native().flagos_allocator);
       shared_results_.push_back({flagos, storage});
     }
-    return tensor_over(std::move(flagos), kFlagos, out);
+    return flagos_tensor_over(std::move(flagos), out);
+  }
+
+  // The flagos tensor over `storage` with native result out's geometry (and its quantizer, adopted).
+  at::Tensor flagos_tensor_over(c10::Storage storage, const at::Tensor& out) {
+    if (C10_UNLIKELY(out.is_quantized())) {
+      return native_layouts::quantized_like(out, std::move(storage), kFlagos,
+                                            [this](const at::Tensor& m) { return adopt_member(m); });
+    }
+    return tensor_over(std::move(storage), kFlagos, out);
+  }
+
+  // A flagos storage holding a copy of host storage `storage`'s bytes.
+  c10::Storage flagos_copy_of(const c10::Storage& storage) {
+    const auto nbytes = static_cast<int64_t>(storage.nbytes());
+    at::Tensor bytes = at::empty({nbytes}, at::TensorOptions(at::kByte).device(flagos_target()));
+    at::Tensor host = tensor_over(storage, c10::DeviceType::CPU, bytes);
+    bytes.copy_(host);
+    return bytes.storage();
+  }
+
+  // A member of a native result (sparse indices and values, a quantizer's scales): adopted once per call,
+  // so that results sharing a member share its flagos counterpart.
+  at::Tensor adopt_member(const at::Tensor& member) {
+    for (const auto& [native, flagos] : layouts().adopted_members) {
+      if (native.is_same(member)) return flagos;
+    }
+    at::Tensor flagos = adopt(member);
+    layouts().adopted_members.emplace_back(member, flagos);
+    return flagos;
+  }
+
+  // The native alias of a flagos tensor of a layout with member tensors (ops/routes/native_layouts.h): its
+  // members aliased through alias(), a quantized tensor's storage as a dense tensor's is.
+  const at::Tensor& alias_with_members(const at::Tensor& t) {
+    // A kernel may replace the members (an in-place op on a sparse tensor), and their adoption replaces
+    // the caller's: hold them through the call whatever the call's kind, as their aliases view them.
+    if (!hold_args_) held_.push_back(t);
+    auto alias_member = [this](const at::Tensor& member) -> at::Tensor {
+      held_.push_back(member);
+      return alias(member);
+    };
+    if (t.is_quantized()) {
+      const c10::Storage& storage = t.storage();
+      const AliasedTensor* shared = aliasing(storage.unsafeGetStorageImpl());
+      c10::Storage native_storage = shared != nullptr
+                                        ? shared->native.unsafeGetTensorImpl()->unsafe_storage()
+                                        : borrowed_storage(storage, native_device_for(storage, native_type_),
+                                                           c10::GetAllocator(native_type_));
+      at::Tensor native =
+          native_layouts::quantized_like(t, std::move(native_storage), native_type_, alias_member);
+      tensors_.push_back({std::move(native), t.unsafeGetTensorImpl()});
+      return tensors_.back().native;
+    }
+    at::Tensor native = native_layouts::sparse_like(t, native_type_, alias_member);
+    layouts().sparse.push_back({std::move(native), t.unsafeGetTensorImpl()});
+    return layouts().sparse.back().native;
   }
 
   // Whether fresh result `out` (its memory ours to take) can become the flagos result itself: a plain dense
@@ -313,6 +393,9 @@ class AliasScope {
       flagos->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       return;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(!out.is_quantized(),
+                                "flagos: a kernel grew a quantized out= tensor into memory ",
+                                "that is not flagos memory");
     at::Tensor moved = at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
     moved.copy_(out);
     handle_to(flagos).set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
@@ -328,6 +411,16 @@ class AliasScope {
   c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
   c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
   c10::SmallVector<SharedResult, 1> shared_results_;
+  // Calls with sparse or quantized tensors only (ops/routes/native_layouts.h), made on first need.
+  struct LayoutState {
+    c10::SmallVector<AliasedTensor, 2> sparse;  // sparse aliases (their members are in tensors_)
+    c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> adopted_members;  // native member, its flagos
+  };
+  std::unique_ptr<LayoutState> layouts_;
+  LayoutState& layouts() {
+    if (!layouts_) layouts_ = std::make_unique<LayoutState>();
+    return *layouts_;
+  }
 };
 
 }  // namespace
