@@ -18,6 +18,7 @@
 #include "ops/routes/dispatch.h"
 #include "ops/routes/native_unboxed.h"
 #include "ops/routing/router.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops {
 namespace {
@@ -70,13 +71,18 @@ bool is_builtin(const c10::OperatorName& name) {
 }
 
 // PrivateUse1 kernel of an op routed because a rule named it. Without a rule (it was removed) the op runs
-// its composite kernel, as it did before it was routed: the same results, and on the native route the
+// its composite kernel (or, for an implicit composite with a native kernel and a formula of its own, that
+// kernel), as it did before it was routed: the same results, and on the native route the
 // composite's out= call stays zero-copy where a functional kernel's fresh outputs would be copied.
 // An op defined again without a composite kernel (a torch.library op whose library was destroyed and
 // recreated) has none to run: the default chain applies then, as for any op that reaches the fallback.
 void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const Route r = route(op);
-  const std::optional<DispatchKey> key = r.by_default ? composite_key(op) : std::nullopt;
+  // An implicit composite with a native kernel of its own runs that kernel by default, as an op the set-up
+  // routes directly would (route_native_kernels_directly).
+  const std::optional<DispatchKey> key =
+      r.by_default && !is_implicit_with_native_kernel(op, runtime::native_device().key) ? composite_key(op)
+                                                                                        : std::nullopt;
   if (key.has_value()) {
     op.callBoxedForDispatchKey(*key, *stack);
   } else {
@@ -180,7 +186,7 @@ torch::CppFunction routing_kernel(const c10::OperatorName& name) {
                             : torch::CppFunction::makeFromBoxedFunction<&routed_fallback>();
 }
 
-// route_backed_kernels_directly gives the ops with a composite their kernel when backed.
+// route_native_kernels_directly gives the ops with a composite their kernel when backed.
 void register_unboxed_fallback_kernels() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -256,27 +262,42 @@ void ensure_routed_kernel(const c10::OperatorHandle& op) {
   const bool implicit = composite_key(op) == DispatchKey::CompositeImplicitAutograd;
   library_locked(r, ns, DispatchKey::PrivateUse1)
       .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&routed_composite_kernel>());
-  if (implicit && !op.hasKernelForDispatchKey(DispatchKey::AutogradPrivateUse1)) {
+  // An implicit composite with an autograd formula of its own is differentiated by it once PrivateUse1 has a
+  // kernel (as on devices with a kernel of their own); one without needs its decomposition differentiated.
+  if (implicit && !op.hasKernelForDispatchKey(DispatchKey::AutogradPrivateUse1) &&
+      !op.hasKernelForDispatchKey(DispatchKey::Autograd)) {
     library_locked(r, ns, DispatchKey::AutogradPrivateUse1)
         .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&implicit_autograd_kernel>());
   }
   r.routed.insert(name);
 }
 
-size_t route_backed_kernels_directly(c10::DispatchKey native_key) {
+bool is_implicit_with_native_kernel(const c10::OperatorHandle& op, c10::DispatchKey native_key) {
+  return op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+         op.hasKernelForDispatchKey(native_key) && op.hasKernelForDispatchKey(DispatchKey::Autograd);
+}
+
+size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_kernels) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   size_t registered = 0;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
-    if (!op.has_value() || entry_locked(r, *op) != OpEntry::kComposite) continue;
-    const std::optional<DispatchKey> key = composite_key(*op);
-    if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(native_key)) continue;
+    if (!op.has_value()) continue;
+    // The cheap tests first: with host kernels, few ops are implicit composites at all.
+    const bool implicit = is_implicit_with_native_kernel(*op, native_key);
+    if (!implicit && !device_kernels) continue;
+    if (entry_locked(r, *op) != OpEntry::kComposite) continue;
+    if (!implicit && (composite_key(*op) == DispatchKey::CompositeImplicitAutograd ||
+                      !op->hasKernelForDispatchKey(native_key))) {
+      continue;
+    }
     const std::string ns = name.name.substr(0, name.name.find("::"));
     library_locked(r, ns, DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), routing_kernel(name));
     r.direct.insert(name);
     ++registered;
   }
+  if (!device_kernels) return registered;
   for (const char* text : kBackedDirectComposites) {
     const c10::OperatorName name = aten_name(text);
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
