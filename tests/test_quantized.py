@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._prims_common
 
 import torch_fl  # noqa: F401
 
@@ -56,7 +57,13 @@ def assert_same(actual, expected):
         assert torch.equal(actual.q_per_channel_scales().cpu(), expected.q_per_channel_scales())
         assert torch.equal(actual.q_per_channel_zero_points().cpu(), expected.q_per_channel_zero_points())
     assert torch.equal(actual.dequantize().cpu(), expected.dequantize())
-    assert torch.equal(actual.cpu().int_repr(), expected.int_repr())  # the copy back to the CPU
+    back = actual.cpu()  # the copy back to the CPU
+    # torch's _to_copy makes the copy of a quantized tensor with gaps with empty_like(self), on the source's
+    # device (a cuda tensor's .cpu() is on cuda too): only dense ones come back on the CPU.
+    dense = torch._prims_common.is_non_overlapping_and_dense_or_false(actual)
+    expected_device = "cpu" if dense else DEVICE
+    assert back.device.type == expected_device and back.is_quantized
+    assert torch.equal(back.int_repr(), expected.int_repr())
 
 
 def run_both(fn):
@@ -187,3 +194,30 @@ ok = torch.equal(q.clone().int_repr().cpu(), q.cpu().int_repr())
 print("RESULT", json.dumps([before, after, ok]))
 """
     assert run_python(code).check().json() == [False, True, True]
+
+
+def test_save_load_and_deepcopy():
+    import copy
+    import io
+
+    for q in (per_tensor(DEVICE), per_channel(DEVICE, axis=0)):
+        buffer = io.BytesIO()
+        torch.save(q, buffer)
+        buffer.seek(0)
+        for r in (torch.load(buffer, weights_only=False), copy.deepcopy(q)):
+            assert r.device == q.device and r.data_ptr() != q.data_ptr()
+            assert_same(r, q.cpu())
+
+
+def test_device_argument_places_the_result(two_devices_only):
+    q = per_tensor(DEVICE)
+    for device in ("cpu", "flagos:1"):
+        r = torch.empty_like(q, device=device)
+        assert r.device == torch.device(device) and r.is_quantized and r.q_scale() == q.q_scale()
+
+
+def test_copy_to_another_flagos_device(two_devices_only):
+    q = per_channel(DEVICE, axis=0)
+    r = q.to("flagos:1")
+    assert r.device == torch.device("flagos", 1) and r.untyped_storage().device == r.device
+    assert_same(r, q.cpu())

@@ -160,7 +160,10 @@ def test_moved_to_flagos_and_back():
     ):
         f = s.to(DEVICE)
         assert_on_flagos(f)
-        assert_same(f.cpu(), s)
+        back = f.cpu()
+        assert back.device.type == "cpu"
+        assert all(m.device.type == "cpu" for m in ([back._indices()] if s.is_sparse else members(back)))
+        assert_same(back, s)
         assert_same(f.to(DEVICE, copy=True).cpu(), s)
 
 
@@ -175,6 +178,14 @@ def test_members_are_the_callers_tensors():
     # A sparse result made by a kernel has flagos members: their memory is flagos memory.
     r = dense(DEVICE).to_sparse()
     assert r._values().untyped_storage().device == r.device
+
+
+def test_device_argument_places_the_result(two_devices_only):
+    s = coo(DEVICE, coalesced=True)
+    for device in ("cpu", "flagos:1"):
+        r = torch.empty_like(s, device=device)
+        assert r.device == torch.device(device) and r._values().device == r.device
+        assert r.layout == torch.sparse_coo and r.shape == s.shape
 
 
 def test_on_the_second_device(two_devices_only):
@@ -284,3 +295,33 @@ def test_layout_kernels_registered_before_the_first_sparse_tensor(run_python, ma
     # one, however it is made, finds the kernels in place (the composite kernels never see one).
     result = run_python(FIRST_USE.format(make=make)).check().json()
     assert result == [False, True, True]
+
+
+def test_save_load_and_deepcopy():
+    import copy
+    import io
+
+    for s in (coo(DEVICE, coalesced=True), dense(DEVICE).to_sparse_csr()):
+        buffer = io.BytesIO()
+        torch.save(s, buffer)
+        buffer.seek(0)
+        for r in (torch.load(buffer, weights_only=False), copy.deepcopy(s)):
+            assert_on_flagos(r)
+            assert_same(r.cpu(), s.cpu())
+
+
+def test_sparse_embedding_training_step_as_on_cpu():
+    def step(d):
+        torch.manual_seed(0)
+        m = torch.nn.Embedding(10, 3, sparse=True).to(d)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(torch.tensor([1, 2, 1], device=d)).pow(2).sum().backward()
+        grad = m.weight.grad
+        opt.step()
+        return grad, m.weight
+
+    grad_f, weight_f = step(DEVICE)
+    grad_c, weight_c = step("cpu")
+    assert grad_f.layout == torch.sparse_coo and grad_f.device.type == DEVICE
+    assert_same(grad_f.cpu(), grad_c)
+    assert torch.equal(weight_f.detach().cpu(), weight_c.detach())

@@ -15,7 +15,8 @@
 //   The router's rule listener: ensure_routed_kernel.
 //
 //   SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1: layout_fallback, the native route for
-//                           sparse and quantized tensors (ops/routes/native_layouts.h).
+//                           sparse and quantized tensors (ops/routes/native_layouts.h); QuantizedPrivateUse1
+//                           also flagos's set_ with a storage.
 //
 // Later, at run time (each registration kept for the process):
 //   - when a rule first names a composite op (config, env, API or override context), ensure_routed_kernel
@@ -114,6 +115,12 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+// set_ with a storage on a quantized tensor (torch.load, deepcopy): flagos's own, as for dense tensors (the
+// native kernel would be handed a flagos storage).
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(kernels::set_storage_offset_));
 }
 
 // torch.autocast("flagos"): ops without a policy fall through to the next dispatch key.

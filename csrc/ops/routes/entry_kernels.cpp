@@ -262,10 +262,7 @@ void ensure_routed_kernel(const c10::OperatorHandle& op) {
   const bool implicit = composite_key(op) == DispatchKey::CompositeImplicitAutograd;
   library_locked(r, ns, DispatchKey::PrivateUse1)
       .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&routed_composite_kernel>());
-  // An implicit composite with an autograd formula of its own is differentiated by it once PrivateUse1 has a
-  // kernel (as on devices with a kernel of their own); one without needs its decomposition differentiated.
-  if (implicit && !op.hasKernelForDispatchKey(DispatchKey::AutogradPrivateUse1) &&
-      !op.hasKernelForDispatchKey(DispatchKey::Autograd)) {
+  if (implicit && !op.hasKernelForDispatchKey(DispatchKey::AutogradPrivateUse1)) {
     library_locked(r, ns, DispatchKey::AutogradPrivateUse1)
         .impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&implicit_autograd_kernel>());
   }

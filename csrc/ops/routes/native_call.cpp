@@ -87,18 +87,20 @@ class AliasScope {
 
   // The native alias of t, or t itself when it is not a flagos tensor. The reference is valid until the
   // next alias() call of this scope (take a copy or a borrow of it); the tensor lives as long as the scope.
-  const at::Tensor& alias(const at::Tensor& t) {
+  // `placed` is false for a quantizer's scales and zero points, which may live on another device than
+  // their tensor (torch copies a quantizer as it is) and do not take part in the same-device check.
+  const at::Tensor& alias(const at::Tensor& t, bool placed = true) {
     if (!t.defined()) return t;
     if (hold_args_) held_.push_back(t);
     if (t.device().type() != kFlagos) {
       // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
       // be between cuda and cpu, not a silent success on the aliases.
-      if (t.device().type() != c10::DeviceType::CPU) note_device(t.device());
+      if (placed && t.device().type() != c10::DeviceType::CPU) note_device(t.device());
       passed_.push_back(t.unsafeGetTensorImpl());
       return t;
     }
-    note_device(t.device());
+    if (placed) note_device(t.device());
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
     if (const AliasedTensor* shared = aliasing(t.storage().unsafeGetStorageImpl())) {
@@ -142,11 +144,19 @@ class AliasScope {
       }
       return v;
     }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::CPU && native_type_ == c10::DeviceType::CPU) {
+      // Results asked for on the CPU (empty_like(..., device="cpu"), a quantized tensor's copy to the
+      // CPU) are the caller's CPU tensors, which a host kernel's results would otherwise pass for.
+      cpu_results_ = true;
+      return v;
+    }
     if (v.isDevice() && v.toDevice().type() == kFlagos) {
       const c10::Device d = v.toDevice();
       const c10::DeviceIndex index = d.has_index() ? d.index() : runtime::current_device();
-      // The tensors' device wins; a device argument only places calls that have no flagos tensor.
+      // The tensors' device is the call's device; a device argument is where its results go (host kernels
+      // allocate on the current device: placement()), and the call's device when it has no flagos tensor.
       if (!device_.has_value()) device_ = c10::Device(kFlagos, index);
+      if (!placement_.has_value()) placement_ = c10::Device(kFlagos, index);
       return c10::Device(native_type_, native_type_ == c10::DeviceType::CPU ? -1 : index);
     }
     return v;
@@ -210,6 +220,10 @@ class AliasScope {
   }
 
   std::optional<c10::Device> device() const { return device_; }
+  // Whether the call asks for its results on the CPU while the native device is the CPU.
+  bool cpu_results() const { return cpu_results_; }
+  // Where the call's results are made: its flagos device argument if it has one, else its device.
+  std::optional<c10::Device> placement() const { return placement_.has_value() ? placement_ : device_; }
 
  private:
   static at::Tensor handle_to(c10::TensorImpl* impl) {
@@ -220,6 +234,7 @@ class AliasScope {
     auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
     if (!out.defined() || out.device().type() == kFlagos) return as_is();
     if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
+    if (C10_UNLIKELY(cpu_results_)) return as_is();  // the call asked for CPU results
     if (C10_UNLIKELY(native_layouts::has_members(out)) && !out.is_quantized()) {
       // A fresh sparse result (one a kernel changed in place is an argument, above): its members adopted.
       return native_layouts::sparse_like(out, kFlagos,
@@ -262,7 +277,9 @@ class AliasScope {
     return nullptr;
   }
 
+  // The flagos device of results whose memory does not say (copied, or empty): the call's placement.
   c10::Device flagos_target() const {
+    if (placement_.has_value()) return *placement_;
     // Not value_or: the current device is a runtime call (cudaGetDevice), asked only when needed.
     return device_.has_value() ? *device_ : c10::Device(kFlagos, runtime::current_device());
   }
@@ -334,9 +351,10 @@ class AliasScope {
     // A kernel may replace the members (an in-place op on a sparse tensor), and their adoption replaces
     // the caller's: hold them through the call whatever the call's kind, as their aliases view them.
     if (!hold_args_) held_.push_back(t);
-    auto alias_member = [this](const at::Tensor& member) -> at::Tensor {
+    const bool placed = !t.is_quantized();  // sparse members are on their tensor's device (torch checks it)
+    auto alias_member = [this, placed](const at::Tensor& member) -> at::Tensor {
       held_.push_back(member);
-      return alias(member);
+      return alias(member, placed);
     };
     if (t.is_quantized()) {
       const c10::Storage& storage = t.storage();
@@ -407,6 +425,8 @@ class AliasScope {
   bool same_device_;         // the op needs its tensors on one device (all but copies)
   const c10::OperatorName* op_ = nullptr;  // a boxed call's op, asked whether it is a copy on a mismatch
   std::optional<c10::Device> device_;
+  std::optional<c10::Device> placement_;  // the first flagos device argument
+  bool cpu_results_ = false;
   c10::SmallVector<AliasedTensor, 4> tensors_;
   c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
   c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
@@ -465,7 +485,8 @@ const at::Tensor& NativeCall::alias(const at::Tensor& t) {
 }
 
 c10::IValue NativeCall::alias_value(const c10::IValue& v) {
-  return scope_in(scope_).alias_value(v);
+  if (!v.isDevice()) return scope_in(scope_).alias_value(v);
+  return device_arg(v.toDevice());
 }
 
 c10::IValue NativeCall::default_generator() const {
@@ -480,7 +501,10 @@ std::optional<at::Generator> NativeCall::generator(const std::optional<at::Gener
 }
 
 c10::Device NativeCall::device_arg(c10::Device d) {
-  return scope_in(scope_).alias_value(d).toDevice();
+  AliasScope& scope = scope_in(scope_);
+  const c10::Device native = scope.alias_value(d).toDevice();
+  if (scope.cpu_results()) host_allocations_ = false;  // CPU results are CPU memory
+  return native;
 }
 
 std::optional<c10::Device> NativeCall::device() const {
@@ -491,10 +515,12 @@ void NativeCall::enter() {
   const std::optional<c10::Device> device = scope_in(scope_).device();
   if (!device.has_value()) return;
   if (native().host_kernels) {
-    guard_.emplace(*device);
-    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
-    const c10::Stream stream = runtime::current_stream(device->index());
-    runtime::synchronize_stream(stream);
+    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land
+    // first, on the arguments' device and on the one their results are allocated on (the guard's).
+    const c10::Device placement = *scope_in(scope_).placement();
+    guard_.emplace(placement);
+    runtime::synchronize_stream(runtime::current_stream(device->index()));
+    if (placement != *device) runtime::synchronize_stream(runtime::current_stream(placement.index()));
     return;
   }
   // Device kernels: the native device itself, set through its own guard (NativeCall::Kind says when).
