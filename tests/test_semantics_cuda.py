@@ -38,12 +38,8 @@ def canonical(x):
         return [canonical(e) for e in x]
     if not isinstance(x, torch.Tensor):
         return x
-    x = x.detach().cpu()
-    if x.layout == torch.sparse_coo:
-        return ("coo", x.dtype, tuple(x.shape), x.is_coalesced(), canonical([x._indices(), x._values()]))
-    if x.layout != torch.strided:
-        return (str(x.layout), x.dtype, tuple(x.shape), canonical(list(test_sparse.members(x))))
-    if x.is_quantized:
+    x = x.detach()
+    if x.is_quantized:  # compared on its device: a quantized tensor's .cpu() keeps gaps only on the CPU
         params = (
             (x.q_scale(), x.q_zero_point())
             if x.qscheme() == torch.per_tensor_affine
@@ -58,12 +54,21 @@ def canonical(x):
             params,
             canonical(x.int_repr()),
         )
-    return ("strided", x.dtype, tuple(x.shape), x.contiguous().view(torch.uint8).flatten().tolist())
+    x = x.cpu()
+    if x.layout == torch.sparse_coo:
+        return ("coo", x.dtype, tuple(x.shape), x.is_coalesced(), canonical([x._indices(), x._values()]))
+    if x.layout != torch.strided:
+        return (str(x.layout), x.dtype, tuple(x.shape), canonical(list(test_sparse.members(x))))
+    return ("strided", x.dtype, tuple(x.shape), x.contiguous().reshape(-1).view(torch.uint8).tolist())
 
 
 def outcome(fn, device):
-    result = cases.outcome(lambda: fn(device))
-    return result if result[0] == "raise" else ("ok", canonical(result[1]))
+    """("ok", canonical result) or ("raise", exception type name, first line without flagos's context)."""
+    try:
+        result = fn(device)
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return ("raise", type(e).__name__, str(e).splitlines()[0].split(" (while running")[0])
+    return ("ok", canonical(result))
 
 
 def assert_same_as_cuda(fn):
