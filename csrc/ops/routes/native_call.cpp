@@ -69,8 +69,8 @@ class AliasScope {
   AliasScope& operator=(const AliasScope&) = delete;
 
   ~AliasScope() {
-    if (layouts_) layouts_->sparse.clear();  // first: a sparse alias holds its members' aliases
-    if (recycler_ == nullptr) return;        // Python's aliases hold their memory (runtime::borrow): dropped
+    layouts_.reset();                  // first: sparse aliases and adopted members hold members' aliases
+    if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
     for (AliasedTensor& a : tensors_) {
       if (native_layouts::has_members(a.native)) continue;  // a quantized alias owns its borrow: dropped
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
