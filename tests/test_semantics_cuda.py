@@ -126,6 +126,18 @@ def test_sparse_as_on_cuda(name):
     assert_same_as_cuda({**test_sparse.CASES, **test_sparse.ERROR_CASES}[name])
 
 
+def test_sparse_copies_to_flagos_and_back():
+    for s in (
+        test_sparse.coo("cpu"),
+        test_sparse.dense("cpu").to_sparse_csr(),
+        test_sparse.dense("cpu").to_sparse_csc(),
+    ):
+        f, c = s.to("flagos"), s.to("cuda")
+        assert f.device.type == "flagos"
+        assert canonical(f) == canonical(c) == canonical(s)
+        assert canonical(f.cpu()) == canonical(s)
+
+
 # ---- 4. Quantized tensors --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(test_quantized.CASES) + list(test_quantized.ERROR_CASES))
 def test_quantized_as_on_cuda(name):
