@@ -188,6 +188,21 @@ def test_synchronising_calls_fail_the_capture(forbidden):
     assert torch.equal((x + 1).cpu(), torch.full((8,), 2.0))
 
 
+@pytest.mark.skipif(BACKED, reason="backed by CUDA the capture is CUDA's, which sees cuSPARSE's own kernels")
+def test_sparse_op_fails_a_capture_clearly():
+    # Sparse and quantized calls have no meta kernels to size a recorded call: refused, never run eagerly
+    # inside a capture (replay would then not repeat them).
+    s = torch.eye(4).to_sparse().to(DEV)
+    warm_capture()
+    g = torch.flagos.FlagosGraph()
+    with pytest.raises(torch.AcceleratorError, match="sparse and quantized"):
+        with torch.flagos.graph(g):
+            (s + s).coalesce()
+    assert not torch.flagos.is_current_stream_capturing()
+    g.reset()
+    assert torch.equal((s + s).to_dense().cpu(), 2 * torch.eye(4))
+
+
 def test_empty_cache_during_capture_keeps_the_graph_memory():
     x = torch.ones(8, device=DEV)
 

@@ -3,24 +3,34 @@
 //
 // At load (static initialisation: libtorch's operators and kernels are registered before this library):
 //   PrivateUse1, every op:  the boxed fallback, routed_fallback (ops/routes/dispatch.h): router, then route.
-//   PrivateUse1, aten:      flagos's own kernels (ops/kernels/basic_ops.h, copy.h), never routed; the ops
+//   PrivateUse1, aten:      flagos's own kernels (ops/kernels/basic_ops.h, copy.h, native_choices.h), never
+//                           routed; the ops
 //                           routed directly from the start (builtin_direct_ops, ops/routes/entry_kernels.h);
 //                           the unboxed native kernels of the ops that would reach the fallback
 //                           (register_unboxed_fallback_kernels, ops/routes/native_unboxed.h).
-//   AutogradPrivateUse1:    _has_compatible_shallow_copy_type.
+//   AutogradPrivateUse1:    _has_compatible_shallow_copy_type, the composites of native_choices.h.
 //   Conjugate, Negative:    fallthroughs for the copies.
 //   AutocastPrivateUse1:    a fallthrough for every op, and the autocast policies (ops/kernels/autocast.h).
 //   _fused_sdp_choice_stub: flagos's choice of fused attention (ops/kernels/attention.h).
 //   The router's rule listener: ensure_routed_kernel.
 //
+//   SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1: layout_fallback, the native route for
+//                           sparse and quantized tensors (ops/routes/native_layouts.h); QuantizedPrivateUse1
+//                           also flagos's set_ with a storage.
+//
 // Later, at run time (each registration kept for the process):
 //   - when a rule first names a composite op (config, env, API or override context), ensure_routed_kernel
 //     registers the router's PrivateUse1 kernel for it (and an AutogradPrivateUse1 one for a
-//     CompositeImplicitAutograd op), so that its calls reach the router;
+//     CompositeImplicitAutograd op without an autograd formula of its own), so that its calls reach the
+//     router;
+//   - once, before the first sparse or quantized flagos tensor is made (ops/routes/native_layouts.h): the
+//     ops that have a kernel for those layouts on the native device and a composite kernel get
+//     layout_fallback for those layouts on flagos (route_native_layout_kernels);
 //   - once, when the device is first initialised, whatever the first call is (runtime/setup.h), the set-up
-//     step below: when the native kernels are device kernels (backed by CUDA), the ops the native device
-//     has kernels for are routed directly (route_backed_kernels_directly), and on CUDA flash attention's
-//     overrideable kernels are registered.
+//     step below: the implicit composites with a native kernel and an autograd formula of their own are
+//     routed directly, and when the native kernels are device kernels (backed by CUDA) so are the ops the
+//     native device has kernels for (route_native_kernels_directly); on CUDA flash attention's overrideable
+//     kernels are registered.
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
@@ -28,8 +38,10 @@
 #include "ops/kernels/autocast.h"
 #include "ops/kernels/basic_ops.h"
 #include "ops/kernels/copy.h"
+#include "ops/kernels/native_choices.h"
 #include "ops/routes/dispatch.h"
 #include "ops/routes/entry_kernels.h"
+#include "ops/routes/native_layouts.h"
 #include "ops/routing/router.h"
 #include "runtime/native_device.h"
 #include "runtime/setup.h"
@@ -56,6 +68,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(kernels::local_scalar_dense));
   m.impl("record_stream", TORCH_FN(kernels::record_stream));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(kernels::has_compatible_shallow_copy_type));
+  // Composites that choose cuDNN by device type: the native device chooses (ops/kernels/native_choices.h).
+  m.impl("_batch_norm_impl_index", TORCH_FN(kernels::batch_norm_impl_index));
+  m.impl("grid_sampler", TORCH_FN(kernels::grid_sampler));
   // Copies: torch's copy_ composite calls these when a flagos tensor is involved.
   m.impl("_copy_from", TORCH_FN(kernels::copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(kernels::copy_from_and_resize));
@@ -68,6 +83,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // once PrivateUse1 has a kernel of its own).
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(kernels::has_compatible_shallow_copy_type));
+  // Composites (autograd records the ops they call), which a PrivateUse1 kernel would otherwise hide from
+  // this key: the same kernels here.
+  m.impl("_batch_norm_impl_index", TORCH_FN(kernels::batch_norm_impl_index));
+  m.impl("grid_sampler", TORCH_FN(kernels::grid_sampler));
 }
 
 // The copies resolve conjugate and negative view bits themselves. Without these fallthroughs the
@@ -83,6 +102,27 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
+// Sparse and quantized flagos tensors: the native route for the same layouts (ops/routes/native_layouts.h).
+// Before the first such tensor is made, the ops with a composite kernel and a kernel for those layouts on
+// the native device get the same kernel (register_layout_kernels).
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+}
+
+// set_ with a storage on a quantized tensor (torch.load, deepcopy): flagos's own, as for dense tensors (the
+// native kernel would be handed a flagos storage).
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(kernels::set_storage_offset_));
+}
+
 // torch.autocast("flagos"): ops without a policy fall through to the next dispatch key.
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
@@ -92,13 +132,12 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   kernels::add_autocast_policies(m);
 }
 
-// The set-up step (see the top of this file). With host kernels the composites stay: they allocate on
-// flagos and call the `out` overload, which is zero-copy there, where a functional kernel's results would
-// be copied.
+// The set-up step (see the top of this file). With host kernels the explicit composites stay: they allocate
+// on flagos and call the `out` overload, which is zero-copy there.
 void set_up_for_native_device() {
   const runtime::NativeDevice& native = runtime::native_device();
+  route_native_kernels_directly(native.key, /*device_kernels=*/!native.host_kernels);
   if (native.host_kernels) return;
-  route_backed_kernels_directly(native.key);
   if (native.type != c10::DeviceType::CUDA) return;
   // Leaked: the registrations stay for the process (ops may run during static destruction).
   auto* lib =
@@ -110,12 +149,17 @@ void set_up_for_native_device() {
   kernels::set_flash_attention_registered();
 }
 
+void register_layout_kernels() {
+  route_native_layout_kernels(runtime::native_device().key);
+}
+
 // After the TORCH_LIBRARY_IMPLs above (same file: initialised in order).
 struct AtLoad {
   AtLoad() {
     register_unboxed_fallback_kernels();
     set_rule_listener(&ensure_routed_kernel);
     runtime::add_setup_step(&set_up_for_native_device);
+    native_layouts::set_first_use_step(&register_layout_kernels);
   }
 } at_load;
 

@@ -2,7 +2,8 @@
 # Run on the lent GPU machine (see scripts/gpu/README.md): a fresh build against its torch, then the chosen
 # stages, each with its own time limit, logs under $OUT (or ./gpu-logs).
 #
-#   scripts/gpu/check.sh [stage...]     stages: build ctest cuda sim opinfo bench models dist (default: all)
+#   scripts/gpu/check.sh [stage...]     stages: build ctest cuda sim opinfo bench models dist (default: all),
+#                                       semantics (opt-in: the PyTorch-semantics tests against cuda alone)
 #
 # Wheels the machine lacks (expecttest, FlagGems; scripts/gpu/wheels.sh downloads them into .whl/) are
 # installed into /tmp/site first when .whl/ is there.
@@ -52,6 +53,13 @@ if want cuda; then
   wait
   cat "$LOGS"/pytest-cuda-*.log > "$LOGS/pytest-cuda.log" && rm -f "$LOGS"/pytest-cuda-*.log
   grep -E "^(FAILED|ERROR)|Timeout|passed|failed" "$LOGS/pytest-cuda.log" | tail -40
+fi
+if want semantics; then
+  # Part of the cuda stage too; alone it takes about a minute. The CPU-reference cases skip when backed.
+  echo "== PyTorch semantics against cuda: deterministic mode, overlap, sparse, quantized, cuDNN choices"
+  timeout ${SEMANTICS_TIMEOUT:-300} python3 -m pytest tests/test_semantics_cuda.py tests/test_native_choices.py \
+    tests/test_sparse.py tests/test_quantized.py tests/test_deterministic.py tests/test_overlap.py \
+    -q -p no:cacheprovider -rxX 2>&1 | tee "$LOGS/semantics.log" | tail -25
 fi
 if want sim; then
   echo "== pytest, simulated accelerator (GPU hidden from torch, as on CI)"

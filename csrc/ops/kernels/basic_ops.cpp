@@ -2,9 +2,12 @@
 // (ops/kernels/basic_ops.h; ops/registration.cpp registers them).
 #include "ops/kernels/basic_ops.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -29,6 +32,20 @@ std::optional<c10::Device> explicit_device(std::optional<c10::Device> device) {
   return std::nullopt;
 }
 
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory (on by
+// default): memory that empty*, resize_ hand out uninitialised is filled, NaN for floating and complex
+// dtypes and the dtype's largest value for integers and bool, as CPU and CUDA do (their empty and resize_
+// kernels call the same at::native fill functions). Off, it costs one read of torch's global context.
+bool fill_uninitialized_memory() {
+  const at::Context& context = at::globalContext();
+  return C10_UNLIKELY(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory());
+}
+
+at::Tensor filled_if_deterministic(at::Tensor&& fresh) {
+  if (fill_uninitialized_memory()) at::native::fill_empty_deterministic_(fresh);
+  return std::move(fresh);
+}
+
 // Grows the storage (never shrinks it, as torch does) so that `self` with its current sizes fits.
 void ensure_storage_fits(const at::Tensor& self) {
   const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
@@ -47,8 +64,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   TORCH_CHECK(!layout.has_value() || *layout == c10::Layout::Strided,
               "flagos supports only strided tensors, got layout ", *layout);
   c10::OptionalDeviceGuard guard(explicit_device(device));
-  return at::detail::empty_generic(size, device_allocator(), kFlagosKeys, c10::dtype_or_default(dtype),
-                                   memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(size, device_allocator(), kFlagosKeys,
+                                                           c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -58,8 +75,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   TORCH_CHECK(!layout.has_value() || *layout == c10::Layout::Strided,
               "flagos supports only strided tensors, got layout ", *layout);
   c10::OptionalDeviceGuard guard(explicit_device(device));
-  return at::detail::empty_strided_generic(size, stride, device_allocator(), kFlagosKeys,
-                                           c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(
+      size, stride, device_allocator(), kFlagosKeys, c10::dtype_or_default(dtype)));
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -84,6 +101,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
   const auto old_sizes = self.sizes().vec();
   const auto old_strides = self.strides().vec();
+  const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   impl->set_sizes_contiguous(size);
   const auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
   if (format != c10::MemoryFormat::Preserve) impl->empty_tensor_restride(format);
@@ -93,6 +111,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     impl->set_sizes_and_strides(old_sizes, old_strides);  // an OOM leaves the tensor as it was
     throw;
   }
+  // The grown part of the storage, as CPU's and CUDA's resize_ fill it (not set_, which grows without).
+  if (fill_uninitialized_memory()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 

@@ -2,6 +2,7 @@
 // kernels (backed), the native device's own copy on aliases.
 #include "ops/kernels/copy.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -151,6 +152,10 @@ void copy_between_devices(const at::Tensor& src_in, const at::Tensor& dst, bool 
     at::_ops::copy_::redispatch(native.keys, native_dst, native_src, non_blocking);
     return;
   }
+  // torch's copy_ leaves the memory-overlap checks to the devices it knows (the TensorIterator of CPU's and
+  // CUDA's copy kernels) and calls _copy_from for flagos without them; the same check, error and message
+  // here. (A destination whose elements overlap each other was refused by copy_ already.)
+  if (is_flagos(src_in) && is_flagos(dst)) at::assert_no_partial_overlap(dst, src_in);
   if (runtime::capture::underway() && capture_copy(src_in, dst, non_blocking, &copy_between_devices)) return;
   const at::Tensor src = src_in.sizes() == dst.sizes() ? src_in : src_in.expand_as(dst);
   if (same_dense_layout(src, dst)) {

@@ -12,8 +12,10 @@
 
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/native_boxed.h"
+#include "ops/routes/native_layouts.h"
 #include "ops/routes/python.h"
 #include "runtime/graph.h"
+#include "runtime/setup.h"
 
 namespace flagos::ops {
 namespace {
@@ -123,6 +125,16 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (runtime::capture::underway() && capture_call(op, stack)) return;
   run_route(route_for(op), op, stack);
+}
+
+void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  runtime::initialize();  // a factory of these layouts (no flagos tensor yet) may be the device's first use
+  native_layouts::ensure_first_use();
+  if (runtime::capture::underway()) {
+    refuse_capture(op, *stack, "sparse and quantized tensors have no meta kernels to size a recorded call");
+  }
+  thread_calls().bump(static_cast<int>(Backend::kNative));
+  run_native_layouts(op, keys, stack);
 }
 
 std::array<uint64_t, kNumBackends> backend_call_counts() {

@@ -21,6 +21,12 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 // registers for the ops flagos routes directly although a composite kernel would otherwise run for them.
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// The boxed kernel of calls with sparse or quantized flagos tensors (the fallback of SparsePrivateUse1,
+// SparseCsrPrivateUse1 and QuantizedPrivateUse1, and those keys' kernel of the ops whose composite kernel
+// would otherwise run there): always the native route (run_native_layouts), counted as a native call.
+// The router's rules do not apply: no other backend takes these layouts.
+void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
 // A boxed kernel that runs run_route(backend, ...): how an unboxed kernel (ops/routes/native_unboxed.h)
 // takes the boxed route for a call the router sends elsewhere, with c10's own boxing
 // (c10::impl::BoxedKernelWrapper).

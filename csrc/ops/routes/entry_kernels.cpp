@@ -18,6 +18,7 @@
 #include "ops/routes/dispatch.h"
 #include "ops/routes/native_unboxed.h"
 #include "ops/routing/router.h"
+#include "runtime/native_device.h"
 
 namespace flagos::ops {
 namespace {
@@ -44,12 +45,21 @@ constexpr const char* kBuiltinOps[] = {
     // mse_loss.out, whose native kernel warns that it resizes the (correctly shaped) out= tensor on every
     // call, a torch bug that plain CPU out= calls show too. Routed, the native kernel runs functionally.
     "mse_loss",
+    // Its CompositeExplicitAutogradNonFunctional kernel runs index's meta function (which expands boolean
+    // and uint8 masks through nonzero and warns once per uint8 mask) and then index.Tensor_out, whose
+    // native kernel runs it again: twice the warnings CPU and CUDA give, and a nonzero per mask more.
+    "index.Tensor",
 };
 
 // Composite ops routed directly when backed although the native device has no kernel of its own for them:
 // copy_'s composite only checks its arguments and calls flagos's _copy_from, which runs the native copy_
 // (the same composite, on aliases); routed directly, one copy_ on aliases is all a copy costs.
 constexpr const char* kBackedDirectComposites[] = {"copy_"};
+
+// Composite ops that the layouts' kernel takes even though the native device has no kernel of its own for
+// them: copy_'s composite calls _copy_from, which no native device implements for sparse or quantized
+// tensors (CPU and CUDA copy them in copy_ itself, as its composite does on them).
+constexpr const char* kLayoutDirectComposites[] = {"copy_"};
 
 bool is_builtin(const c10::OperatorName& name) {
   static const std::unordered_set<c10::OperatorName>* builtin = [] {
@@ -61,13 +71,18 @@ bool is_builtin(const c10::OperatorName& name) {
 }
 
 // PrivateUse1 kernel of an op routed because a rule named it. Without a rule (it was removed) the op runs
-// its composite kernel, as it did before it was routed: the same results, and on the native route the
+// its composite kernel (or, for an implicit composite with a native kernel and a formula of its own, that
+// kernel), as it did before it was routed: the same results, and on the native route the
 // composite's out= call stays zero-copy where a functional kernel's fresh outputs would be copied.
 // An op defined again without a composite kernel (a torch.library op whose library was destroyed and
 // recreated) has none to run: the default chain applies then, as for any op that reaches the fallback.
 void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const Route r = route(op);
-  const std::optional<DispatchKey> key = r.by_default ? composite_key(op) : std::nullopt;
+  // An implicit composite with a native kernel of its own runs that kernel by default, as an op the set-up
+  // routes directly would (route_native_kernels_directly).
+  const std::optional<DispatchKey> key =
+      r.by_default && !is_implicit_with_native_kernel(op, runtime::native_device().key) ? composite_key(op)
+                                                                                        : std::nullopt;
   if (key.has_value()) {
     op.callBoxedForDispatchKey(*key, *stack);
   } else {
@@ -171,7 +186,7 @@ torch::CppFunction routing_kernel(const c10::OperatorName& name) {
                             : torch::CppFunction::makeFromBoxedFunction<&routed_fallback>();
 }
 
-// route_backed_kernels_directly gives the ops with a composite their kernel when backed.
+// route_native_kernels_directly gives the ops with a composite their kernel when backed.
 void register_unboxed_fallback_kernels() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -185,6 +200,34 @@ void register_unboxed_fallback_kernels() {
     library_locked(r, "aten", DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), fast.kernel());
     r.unboxed_fallback.insert(name);
   }
+}
+
+size_t route_native_layout_kernels(c10::DispatchKey native_key) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const c10::BackendComponent native_backend = c10::toBackendComponent(native_key);
+  std::unordered_set<c10::OperatorName> direct;
+  for (const char* text : kLayoutDirectComposites) direct.insert(aten_name(text));
+  size_t registered = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+    if (!op.has_value()) continue;
+    for (DispatchKey layout : {DispatchKey::Sparse, DispatchKey::SparseCsr, DispatchKey::Quantized}) {
+      const DispatchKey flagos_key =
+          c10::toRuntimePerBackendFunctionalityKey(layout, c10::BackendComponent::PrivateUse1Bit);
+      if (op->hasKernelForDispatchKey(flagos_key)) continue;
+      if (!op->hasKernelForDispatchKey(c10::toRuntimePerBackendFunctionalityKey(layout, native_backend)) &&
+          direct.count(name) == 0) {
+        continue;
+      }
+      if (!composite_key(*op).has_value()) continue;
+      const std::string ns = name.name.substr(0, name.name.find("::"));
+      library_locked(r, ns, flagos_key)
+          .impl(op_display_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&layout_fallback>());
+      ++registered;
+    }
+  }
+  return registered;
 }
 
 std::vector<std::pair<std::string, OpEntry>> unboxed_kernel_ops() {
@@ -226,20 +269,32 @@ void ensure_routed_kernel(const c10::OperatorHandle& op) {
   r.routed.insert(name);
 }
 
-size_t route_backed_kernels_directly(c10::DispatchKey native_key) {
+bool is_implicit_with_native_kernel(const c10::OperatorHandle& op, c10::DispatchKey native_key) {
+  return op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+         op.hasKernelForDispatchKey(native_key) && op.hasKernelForDispatchKey(DispatchKey::Autograd);
+}
+
+size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_kernels) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   size_t registered = 0;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
-    if (!op.has_value() || entry_locked(r, *op) != OpEntry::kComposite) continue;
-    const std::optional<DispatchKey> key = composite_key(*op);
-    if (key == DispatchKey::CompositeImplicitAutograd || !op->hasKernelForDispatchKey(native_key)) continue;
+    if (!op.has_value()) continue;
+    // The cheap tests first: with host kernels, few ops are implicit composites at all.
+    const bool implicit = is_implicit_with_native_kernel(*op, native_key);
+    if (!implicit && !device_kernels) continue;
+    if (entry_locked(r, *op) != OpEntry::kComposite) continue;
+    if (!implicit && (composite_key(*op) == DispatchKey::CompositeImplicitAutograd ||
+                      !op->hasKernelForDispatchKey(native_key))) {
+      continue;
+    }
     const std::string ns = name.name.substr(0, name.name.find("::"));
     library_locked(r, ns, DispatchKey::PrivateUse1).impl(op_display_name(name).c_str(), routing_kernel(name));
     r.direct.insert(name);
     ++registered;
   }
+  if (!device_kernels) return registered;
   for (const char* text : kBackedDirectComposites) {
     const c10::OperatorName name = aten_name(text);
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);

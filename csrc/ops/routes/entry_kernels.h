@@ -52,14 +52,37 @@ void register_unboxed_fallback_kernels();
 // naming the op is first made, so set routes before threads start running the op.
 void ensure_routed_kernel(const c10::OperatorHandle& op);
 
-// When the native device's kernels allocate from flagos's pool (backed by CUDA), every op that has a kernel
-// for the native key but runs a CompositeExplicitAutograd(NonFunctional) kernel on flagos (mm, add.Tensor,
-// native_layer_norm, ...) is routed directly instead: the composite would allocate the result and call the
-// `out` overload through the router, computing the op's metadata twice and aliasing one more tensor, where
-// the native kernel allocates from the same pool and its result is adopted without a copy. Call once, at
-// device initialisation, before threads run ops (it changes dispatch tables). Returns how many ops it
-// routed.
-size_t route_backed_kernels_directly(c10::DispatchKey native_key);
+// Routes directly the ops for which a composite kernel would run on flagos although the native device runs
+// a kernel of its own:
+//   - ops with a CompositeImplicitAutograd kernel, a native kernel and an autograd formula of their own
+//     (silu_backward and mish_backward on the CPU; _fused_rms_norm, rms_norm's fused kernel, on CUDA): the
+//     native device runs its kernel and differentiates the op by its formula, where on flagos autograd would
+//     differentiate the decomposition (other kernels, other rounding), because PrivateUse1 has no kernel of
+//     its own. Once routed, AutogradPrivateUse1 takes the formula too. On both accelerators.
+//   - with `device_kernels` (the native device's kernels allocate from flagos's pool: backed by CUDA), every
+//     op that has a kernel for the native key but runs a CompositeExplicitAutograd(NonFunctional) kernel on
+//     flagos (mm, add.Tensor, native_layer_norm, ...): the composite would allocate the result and call the
+//     `out` overload through the router, computing the op's metadata twice and aliasing one more tensor,
+//     where the native kernel allocates from the same pool and its result is adopted without a copy. (With
+//     host kernels these composites stay: their out= call is zero-copy there.)
+// Call once, at device initialisation, before threads run ops (it changes dispatch tables). Returns how many
+// ops it routed.
+size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_kernels);
+
+// Whether `op` has a CompositeImplicitAutograd kernel, its own kernel for `native_key` and its own autograd
+// formula (the first kind above).
+bool is_implicit_with_native_kernel(const c10::OperatorHandle& op, c10::DispatchKey native_key);
+
+// Makes flagos tensors of the sparse and quantized layouts (ops/routes/native_layouts.h) run what the native
+// device runs for them: every op with a kernel for a layout of the native device (SparseCPU, QuantizedCUDA,
+// ...) and a composite kernel (which would otherwise run for that layout on flagos: empty_like's and
+// clone's decompositions, say) gets layout_fallback (ops/routes/dispatch.h) as its kernel for that layout
+// on flagos; so does copy_, whose composite calls a _copy_from no native device has for these layouts.
+// Every other op reaches layout_fallback as the layouts' fallback, which runs what the native device runs
+// (its kernel, its composite or its error). Call once, before the first flagos tensor of these layouts
+// exists (it changes those layouts' dispatch table entries, which nothing reads until then). Returns how
+// many kernels it registered.
+size_t route_native_layout_kernels(c10::DispatchKey native_key);
 
 // The ops whose calls reach the router through their unboxed kernel (ops/routes/native_unboxed.h) in this
 // process, with

@@ -122,6 +122,16 @@ std::optional<size_t> written_argument(const c10::FunctionSchema& schema, const 
 
 }  // namespace
 
+void refuse_capture(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const char* why) {
+  const size_t num_args = op.schema().arguments().size();
+  const c10::ArrayRef<c10::IValue> args(stack.data() + (stack.size() - num_args), num_args);
+  const std::optional<c10::Device> device = call_device(args);
+  if (!device.has_value()) return;
+  Recording* recording = runtime::capture::recording_for(runtime::current_stream(device->index()));
+  if (recording == nullptr) return;
+  runtime::capture::fail(*recording, op_label(op) + " cannot be captured on this accelerator: " + why);
+}
+
 bool capture_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();

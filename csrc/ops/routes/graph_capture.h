@@ -18,6 +18,11 @@ namespace flagos::ops {
 // stream, or a view).
 bool capture_call(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// For kernels whose calls cannot be recorded (sparse and quantized layouts: no meta kernels to size their
+// results), when runtime::capture::underway(): fails the capture the call is issued to, if any, naming the
+// op and `why`; returns when the call is not issued to a capturing stream.
+void refuse_capture(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const char* why);
+
 // The boxed kernel the unboxed front end hands its call to during a capture: captured, or routed as the
 // boxed fallback would.
 void capture_or_route(const c10::OperatorHandle& op, torch::jit::Stack* stack);

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 
+#include "ops/routes/native_layouts.h"
 #include "ops/routes/native_memory.h"
 
 namespace flagos::ops {
@@ -36,6 +37,11 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
 void run_native_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::DispatchKeySet keys = native_memory::native().keys;
   call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(keys, s); });
+}
+
+void run_native_layouts(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::DispatchKeySet native_keys = native_layouts::native_keys_for(keys);
+  call_on_native_aliases(op, stack, [&](torch::jit::Stack* s) { op.redispatchBoxed(native_keys, s); });
 }
 
 }  // namespace flagos::ops

@@ -21,4 +21,8 @@ void call_on_native_aliases(const c10::OperatorHandle& op, torch::jit::Stack* st
 // The native route of the boxed fallback: the op's native-device kernel on aliases of its arguments.
 void run_native_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// The same for a call of sparse or quantized tensors (ops/routes/native_layouts.h) that reached flagos with
+// dispatch keys `keys`: the native device's kernel for the same layouts.
+void run_native_layouts(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
 }  // namespace flagos::ops

@@ -3,14 +3,18 @@
 #include "ops/routes/native_call.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include <memory>
 #include <new>
 #include <typeinfo>
+#include <utility>
 
+#include "ops/routes/native_layouts.h"
 #include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
 #include "runtime/borrowed_memory.h"
@@ -68,8 +72,10 @@ class AliasScope {
   AliasScope& operator=(const AliasScope&) = delete;
 
   ~AliasScope() {
+    layouts_.reset();                  // first: sparse aliases and adopted members hold members' aliases
     if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
     for (AliasedTensor& a : tensors_) {
+      if (native_layouts::has_members(a.native)) continue;  // a quantized alias owns its borrow: dropped
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
       if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
       if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
@@ -84,18 +90,21 @@ class AliasScope {
 
   // The native alias of t, or t itself when it is not a flagos tensor. The reference is valid until the
   // next alias() call of this scope (take a copy or a borrow of it); the tensor lives as long as the scope.
-  const at::Tensor& alias(const at::Tensor& t) {
+  // `placed` is false for a quantizer's scales and zero points, which may live on another device than
+  // their tensor (torch copies a quantizer as it is) and do not take part in the same-device check.
+  const at::Tensor& alias(const at::Tensor& t, bool placed = true) {
     if (!t.defined()) return t;
     if (hold_args_) held_.push_back(t);
     if (t.device().type() != kFlagos) {
       // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
       // be between cuda and cpu, not a silent success on the aliases.
-      if (t.device().type() != c10::DeviceType::CPU) note_device(t.device());
+      if (placed && t.device().type() != c10::DeviceType::CPU) note_device(t.device());
       passed_.push_back(t.unsafeGetTensorImpl());
       return t;
     }
-    note_device(t.device());
+    if (placed) note_device(t.device());
+    if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
     if (const AliasedTensor* shared = aliasing(t.storage().unsafeGetStorageImpl())) {
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
@@ -122,11 +131,19 @@ class AliasScope {
       }
       return v;
     }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::CPU && native_type_ == c10::DeviceType::CPU) {
+      // Results asked for on the CPU (empty_like(..., device="cpu"), a quantized tensor's copy to the
+      // CPU) are the caller's CPU tensors, which a host kernel's results would otherwise pass for.
+      cpu_results_ = true;
+      return v;
+    }
     if (v.isDevice() && v.toDevice().type() == kFlagos) {
       const c10::Device d = v.toDevice();
       const c10::DeviceIndex index = d.has_index() ? d.index() : runtime::current_device();
-      // The tensors' device wins; a device argument only places calls that have no flagos tensor.
+      // The tensors' device is the call's device; a device argument is where its results go (host kernels
+      // allocate on the current device: placement()), and the call's device when it has no flagos tensor.
       if (!device_.has_value()) device_ = c10::Device(kFlagos, index);
+      if (!placement_.has_value()) placement_ = c10::Device(kFlagos, index);
       return c10::Device(native_type_, native_type_ == c10::DeviceType::CPU ? -1 : index);
     }
     return v;
@@ -149,9 +166,20 @@ class AliasScope {
       // An argument of another device returned (copy_ into a cuda or host tensor): the caller's own.
       if (arg == out_impl) return const_cast<c10::TensorImpl*>(arg);
     }
+    if (C10_UNLIKELY(layouts_ != nullptr)) {
+      for (AliasedTensor& a : layouts_->sparse) {
+        if (a.native.unsafeGetTensorImpl() != out_impl) continue;
+        c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
+        native_layouts::update_from(*flagos, out, [this](const at::Tensor& m) { return adopt_member(m); });
+        return flagos;
+      }
+    }
     for (AliasedTensor& a : tensors_) {
       if (a.native.unsafeGetTensorImpl() != out_impl) continue;
       c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
+      if (C10_UNLIKELY(native_layouts::has_members(out))) {
+        native_layouts::update_from(*flagos, out, [this](const at::Tensor& m) { return adopt_member(m); });
+      }
       // A kernel may have resized an out= argument.
       if (out.storage().data() != flagos->unsafe_storage().data()) {
         adopt_regrown(out, flagos);
@@ -179,6 +207,10 @@ class AliasScope {
   }
 
   std::optional<c10::Device> device() const { return device_; }
+  // Whether the call asks for its results on the CPU while the native device is the CPU.
+  bool cpu_results() const { return cpu_results_; }
+  // Where the call's results are made: its flagos device argument if it has one, else its device.
+  std::optional<c10::Device> placement() const { return placement_.has_value() ? placement_ : device_; }
 
  private:
   static at::Tensor handle_to(c10::TensorImpl* impl) {
@@ -189,16 +221,22 @@ class AliasScope {
     auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
     if (!out.defined() || out.device().type() == kFlagos) return as_is();
     if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
+    if (C10_UNLIKELY(cpu_results_)) return as_is();  // the call asked for CPU results
+    if (C10_UNLIKELY(native_layouts::has_members(out)) && !out.is_quantized()) {
+      // A fresh sparse result (one a kernel changed in place is an argument, above): its members adopted.
+      return native_layouts::sparse_like(out, kFlagos,
+                                         [this](const at::Tensor& m) { return adopt_member(m); });
+    }
     const c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
     for (const AliasedTensor& a : tensors_) {
       // A view of an input: the same view over its flagos storage.
       if (a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage) {
-        return tensor_over(a.flagos->unsafe_storage(), kFlagos, out);
+        return flagos_tensor_over(a.flagos->unsafe_storage(), out);
       }
     }
     for (const SharedResult& s : shared_results_) {
       // A view of an earlier result's memory.
-      if (s.native.unsafeGetStorageImpl() == storage) return tensor_over(s.flagos, kFlagos, out);
+      if (s.native.unsafeGetStorageImpl() == storage) return flagos_tensor_over(s.flagos, out);
     }
     if (out.device().type() != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
     return adopt_fresh(out, movable);
@@ -226,7 +264,9 @@ class AliasScope {
     return nullptr;
   }
 
+  // The flagos device of results whose memory does not say (copied, or empty): the call's placement.
   c10::Device flagos_target() const {
+    if (placement_.has_value()) return *placement_;
     // Not value_or: the current device is a runtime call (cudaGetDevice), asked only when needed.
     return device_.has_value() ? *device_ : c10::Device(kFlagos, runtime::current_device());
   }
@@ -239,6 +279,7 @@ class AliasScope {
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
     const c10::Storage& storage = out.storage();
     if (native().host_kernels && !holds_flagos_memory(storage)) {
+      if (C10_UNLIKELY(out.is_quantized())) return flagos_tensor_over(flagos_copy_of(storage), out);
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
       result.copy_(out);
@@ -259,7 +300,64 @@ class AliasScope {
       flagos = borrowed_storage(storage, device, native().flagos_allocator);
       shared_results_.push_back({flagos, storage});
     }
-    return tensor_over(std::move(flagos), kFlagos, out);
+    return flagos_tensor_over(std::move(flagos), out);
+  }
+
+  // The flagos tensor over `storage` with native result out's geometry (and its quantizer, adopted).
+  at::Tensor flagos_tensor_over(c10::Storage storage, const at::Tensor& out) {
+    if (C10_UNLIKELY(out.is_quantized())) {
+      return native_layouts::quantized_like(out, std::move(storage), kFlagos,
+                                            [this](const at::Tensor& m) { return adopt_member(m); });
+    }
+    return tensor_over(std::move(storage), kFlagos, out);
+  }
+
+  // A flagos storage holding a copy of host storage `storage`'s bytes.
+  c10::Storage flagos_copy_of(const c10::Storage& storage) {
+    const auto nbytes = static_cast<int64_t>(storage.nbytes());
+    at::Tensor bytes = at::empty({nbytes}, at::TensorOptions(at::kByte).device(flagos_target()));
+    at::Tensor host = tensor_over(storage, c10::DeviceType::CPU, bytes);
+    bytes.copy_(host);
+    return bytes.storage();
+  }
+
+  // A member of a native result (sparse indices and values, a quantizer's scales): adopted once per call,
+  // so that results sharing a member share its flagos counterpart.
+  at::Tensor adopt_member(const at::Tensor& member) {
+    for (const auto& [native, flagos] : layouts().adopted_members) {
+      if (native.is_same(member)) return flagos;
+    }
+    at::Tensor flagos = adopt(member);
+    layouts().adopted_members.emplace_back(member, flagos);
+    return flagos;
+  }
+
+  // The native alias of a flagos tensor of a layout with member tensors (ops/routes/native_layouts.h): its
+  // members aliased through alias(), a quantized tensor's storage as a dense tensor's is.
+  const at::Tensor& alias_with_members(const at::Tensor& t) {
+    // A kernel may replace the members (an in-place op on a sparse tensor), and their adoption replaces
+    // the caller's: hold them through the call whatever the call's kind, as their aliases view them.
+    if (!hold_args_) held_.push_back(t);
+    const bool placed = !t.is_quantized();  // sparse members are on their tensor's device (torch checks it)
+    auto alias_member = [this, placed](const at::Tensor& member) -> at::Tensor {
+      held_.push_back(member);
+      return alias(member, placed);
+    };
+    if (t.is_quantized()) {
+      const c10::Storage& storage = t.storage();
+      const AliasedTensor* shared = aliasing(storage.unsafeGetStorageImpl());
+      c10::Storage native_storage = shared != nullptr
+                                        ? shared->native.unsafeGetTensorImpl()->unsafe_storage()
+                                        : borrowed_storage(storage, native_device_for(storage, native_type_),
+                                                           c10::GetAllocator(native_type_));
+      at::Tensor native =
+          native_layouts::quantized_like(t, std::move(native_storage), native_type_, alias_member);
+      tensors_.push_back({std::move(native), t.unsafeGetTensorImpl()});
+      return tensors_.back().native;
+    }
+    at::Tensor native = native_layouts::sparse_like(t, native_type_, alias_member);
+    layouts().sparse.push_back({std::move(native), t.unsafeGetTensorImpl()});
+    return layouts().sparse.back().native;
   }
 
   // Whether fresh result `out` (its memory ours to take) can become the flagos result itself: a plain dense
@@ -300,6 +398,9 @@ class AliasScope {
       flagos->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       return;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(!out.is_quantized(),
+                                "flagos: a kernel grew a quantized out= tensor into memory ",
+                                "that is not flagos memory");
     at::Tensor moved = at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
     moved.copy_(out);
     handle_to(flagos).set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
@@ -311,10 +412,22 @@ class AliasScope {
   bool same_device_;         // the op needs its tensors on one device (all but copies)
   const c10::OperatorName* op_ = nullptr;  // a boxed call's op, asked whether it is a copy on a mismatch
   std::optional<c10::Device> device_;
+  std::optional<c10::Device> placement_;  // the first flagos device argument
+  bool cpu_results_ = false;
   c10::SmallVector<AliasedTensor, 4> tensors_;
   c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
   c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
   c10::SmallVector<SharedResult, 1> shared_results_;
+  // Calls with sparse or quantized tensors only (ops/routes/native_layouts.h), made on first need.
+  struct LayoutState {
+    c10::SmallVector<AliasedTensor, 2> sparse;  // sparse aliases (their members are in tensors_)
+    c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> adopted_members;  // native member, its flagos
+  };
+  std::unique_ptr<LayoutState> layouts_;
+  LayoutState& layouts() {
+    if (!layouts_) layouts_ = std::make_unique<LayoutState>();
+    return *layouts_;
+  }
 };
 
 }  // namespace
@@ -359,7 +472,8 @@ const at::Tensor& NativeCall::alias(const at::Tensor& t) {
 }
 
 c10::IValue NativeCall::alias_value(const c10::IValue& v) {
-  return scope_in(scope_).alias_value(v);
+  if (!v.isDevice()) return scope_in(scope_).alias_value(v);
+  return device_arg(v.toDevice());
 }
 
 c10::IValue NativeCall::default_generator() const {
@@ -374,7 +488,10 @@ std::optional<at::Generator> NativeCall::generator(const std::optional<at::Gener
 }
 
 c10::Device NativeCall::device_arg(c10::Device d) {
-  return scope_in(scope_).alias_value(d).toDevice();
+  AliasScope& scope = scope_in(scope_);
+  const c10::Device native = scope.alias_value(d).toDevice();
+  if (scope.cpu_results()) host_allocations_ = false;  // CPU results are CPU memory
+  return native;
 }
 
 std::optional<c10::Device> NativeCall::device() const {
@@ -386,14 +503,20 @@ void NativeCall::enter() {
   if (!device.has_value()) return;
   if (device->type() == kFlagos) traced_device_ = device->index();
   if (native().host_kernels) {
-    guard_.emplace(*device);
-    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land first.
-    // A capturing stream has nothing queued by the capture (it records instead), and waiting for it is what
-    // a capture forbids: the calls that run during a capture (views) do not wait.
-    const c10::Stream stream = runtime::current_stream(device->index());
-    if (!runtime::capture::underway() || runtime::capture::recording_for(stream) == nullptr) {
-      runtime::synchronize_stream(stream);
-    }
+    // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land
+    // first, on the arguments' device and on the one their results are allocated on (the guard's). A
+    // capturing stream has nothing queued by the capture (it records instead), and waiting for it is what a
+    // capture forbids: the calls that run during a capture (views) do not wait.
+    const c10::Device placement = *scope_in(scope_).placement();
+    guard_.emplace(placement);
+    const auto settle = [](c10::DeviceIndex index) {
+      const c10::Stream stream = runtime::current_stream(index);
+      if (!runtime::capture::underway() || runtime::capture::recording_for(stream) == nullptr) {
+        runtime::synchronize_stream(stream);
+      }
+    };
+    settle(device->index());
+    if (placement != *device) settle(placement.index());
     return;
   }
   // Device kernels: the native device itself, set through its own guard (NativeCall::Kind says when).

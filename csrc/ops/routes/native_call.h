@@ -68,7 +68,9 @@ class NativeCall {
   // that torch.flagos.manual_seed governs flagos random ops. Ask once every tensor is aliased.
   c10::IValue default_generator() const;
   std::optional<at::Generator> generator(const std::optional<at::Generator>& gen);  // alias or default
-  c10::Device device_arg(c10::Device d);      // a flagos device argument as the native device
+  // A device argument: a flagos device as the native device. With host kernels a CPU device argument asks
+  // for CPU results: the kernel's allocations are then CPU memory and its results are not adopted.
+  c10::Device device_arg(c10::Device d);
   std::optional<c10::Device> device() const;  // the call's flagos device, if it has one
 
   // ---- 2. The call --------------------------------------------------------------------------------------
