@@ -379,6 +379,17 @@ def train_step(model, optimizer, ids: torch.Tensor, *, autocast: bool = False):
     return out
 
 
+def compiled_train_step(model, optimizer, *, autocast: bool = False):
+    """:func:`train_step` as one ``torch.compile``d function of ``ids``: the forward (and its backward,
+    through AOTAutograd) and ``optimizer.step()`` compiled by Inductor; ``backward()`` itself breaks the graph
+    and runs the compiled backward."""
+
+    def step(ids: torch.Tensor):
+        return train_step(model, optimizer, ids, autocast=autocast)
+
+    return torch.compile(step)
+
+
 def train(
     master,
     device: str,
@@ -389,16 +400,23 @@ def train(
     lr: float,
     foreach: bool,
     autocast: bool = False,
+    compile: bool = False,
 ) -> dict:
-    """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype``. Returns plain data (it
-    crosses processes, see run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU),
-    ``logits_dtype`` of the last step and ``state_devices``, the device types of the optimizer's state."""
+    """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype`` (the whole step compiled
+    with ``compile``, see compiled_train_step). Returns plain data (it crosses processes, see
+    run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU), ``logits_dtype`` of the last
+    step and ``state_devices``, the device types of the optimizer's state."""
     model = copy_to(master, device, dtype).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
     ids = ids.to(device)
+    step = (
+        compiled_train_step(model, optimizer, autocast=autocast)
+        if compile
+        else (lambda batch: train_step(model, optimizer, batch, autocast=autocast))
+    )
     losses = []
     for _ in range(steps):
-        out = train_step(model, optimizer, ids, autocast=autocast)
+        out = step(ids)
         losses.append(out.loss.item())
     state_devices = sorted(
         {
@@ -412,19 +430,23 @@ def train(
     return dict(losses=losses, weights=weights, logits_dtype=out.logits.dtype, state_devices=state_devices)
 
 
-def time_train_steps(master, device: str, ids: torch.Tensor, repeats: int) -> list[float]:
-    """Seconds per training step (forward, backward, foreach AdamW) of a copy of ``master`` on ``device``:
-    one warm-up step, then ``repeats`` timed ones."""
+def time_train_steps(
+    master, device: str, ids: torch.Tensor, repeats: int, compile: bool = False, warmup: int = 1
+) -> list[float]:
+    """Seconds per training step (forward, backward, foreach AdamW) of a copy of ``master`` on ``device``
+    (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` untimed steps (the
+    compilation among them), then ``repeats`` timed ones."""
     model = copy_to(master, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = ids.to(device)
+    step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
     times = []
-    for i in range(repeats + 1):
+    for i in range(repeats + warmup):
         synchronize(device)
         start = time.perf_counter()
-        train_step(model, optimizer, ids)
+        step(ids)
         synchronize(device)
-        if i:
+        if i >= warmup:
             times.append(time.perf_counter() - start)
     return times
 

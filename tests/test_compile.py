@@ -1,0 +1,698 @@
+"""torch.compile on flagos: compiled results equal eager flagos results.
+
+On the simulated accelerator (CI) Inductor compiles flagos graphs to C++ kernels over flagos's host memory;
+where flagos is backed by CUDA (the GPU machine) to Triton kernels. The same tests run on both: every
+function and module below is compiled with the default ``torch.compile`` (the Inductor backend) and its
+outputs compared with eager flagos's on the same inputs (copies of seeded CPU tensors), with tolerances for
+the dtype (a fused kernel rounds in another order than eager's kernels). Also: outputs are flagos tensors on
+the inputs' device, gradients through AOTAutograd, seeded RNG, dynamic shapes, graph breaks, bounded
+recompilation, extern kernels going through flagos's router, compiled kernels ordered after work queued
+on flagos streams, and what ``import torch_fl`` leaves alone. Shapes are small: compiling is the cost.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import torch_fl
+from torch_fl import routing
+
+DEVICE = "flagos"
+TOL = {  # compiled against eager, per dtype of the compared output
+    torch.float32: dict(rtol=1.3e-5, atol=2e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-7),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+}
+
+
+def _tol(dtype: torch.dtype, scale: float) -> dict:
+    base = TOL.get(dtype, dict(rtol=0, atol=0))
+    return {key: value * scale for key, value in base.items()}
+
+
+def assert_same(actual, expected, scale: float = 1.0, where: str = "output") -> None:
+    """Compiled against eager: same structure; tensors on the same device, of the same dtype and shape,
+    values within the dtype's tolerance (times ``scale``: matmuls and reductions of many terms)."""
+    if isinstance(expected, (tuple, list)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), where
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, scale, f"{where}[{i}]")
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == expected, where
+        return
+    assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)}"
+    assert actual.device == expected.device, f"{where}: on {actual.device}, eager on {expected.device}"
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
+    torch.testing.assert_close(
+        actual.cpu(),
+        expected.cpu(),
+        equal_nan=True,
+        msg=lambda m: f"{where}: {m}",
+        **_tol(expected.dtype, scale),
+    )
+
+
+def rand(*shape, dtype=torch.float32, seed=0, low=None):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    t = torch.randn(*shape, generator=g, dtype=torch.float32)
+    if low is not None:
+        t = t.abs() + low
+    return t.to(DEVICE, dtype)
+
+
+def ints(high, *shape, seed=0):
+    g = torch.Generator().manual_seed(seed + high)
+    return torch.randint(0, high, shape, generator=g).to(DEVICE)
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    fn: Callable
+    args: Callable[[], tuple]
+    scale: float = 1.0  # tolerance multiplier
+    mutates: bool = False  # the function writes into its inputs: compare those too
+
+
+def _attention(q, k, v, mask):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _index_put(x, idx, v):
+    x[idx] = v
+    return x
+
+
+def _scatter_add(x, idx, src):
+    return x.scatter_add(1, idx, src)
+
+
+def _inplace(x, y):
+    x.mul_(2).add_(y)
+    y.clamp_(min=0)
+    return x.sum()
+
+
+def _cross_entropy(logits, target):
+    return F.cross_entropy(logits, target, label_smoothing=0.1)
+
+
+# The functions, in groups: each group is compiled as one function calling all of its members (Dynamo
+# inlines them into one graph), which costs one compilation instead of one per function; every function's
+# outputs are compared on their own.
+GROUPS = {
+    "elementwise": [
+        Case("arith_scalars", lambda x: (x * 2 + 1) / 3 - x**2, lambda: (rand(8, 16),)),
+        Case("broadcast", lambda x, y: x * y + y.exp(), lambda: (rand(4, 8, 16), rand(16))),
+        Case(
+            "activations",
+            lambda x: F.gelu(x) + F.silu(x) + torch.sigmoid(x) * torch.tanh(x),
+            lambda: (rand(32, 8),),
+        ),
+        Case(
+            "gelu_tanh_relu6", lambda x: F.gelu(x, approximate="tanh") - F.relu6(x * 4), lambda: (rand(64),)
+        ),
+        Case(
+            "unary_math",
+            lambda x: x.sqrt() + x.rsqrt() + x.log() + x.reciprocal(),
+            lambda: (rand(16, 8, low=0.5),),
+        ),
+        Case(
+            "where_clamp", lambda x: torch.where(x > 0, x, 0.1 * x).clamp(-0.5, 0.75), lambda: (rand(8, 16),)
+        ),
+        Case(
+            "compare_logical",
+            lambda x, y: ((x > y) & (x < 1)) | ~(y > 0),
+            lambda: (rand(8, 8), rand(8, 8, seed=1)),
+        ),
+        Case("integer_ops", lambda a: (a * 3 + 7) // 4 + a % 5 - (a >> 1), lambda: (ints(100, 32),)),
+        Case(
+            "dtype_casts",
+            lambda x: x.half().float() + x.to(torch.int32).float() * 0.5,
+            lambda: (rand(16, 4) * 10,),
+            100.0,  # Inductor skips the float16 rounding in between (config.emulate_precision_casts is off)
+        ),
+        Case(
+            "bf16_math",
+            lambda x, y: (x * y + 1).sin() * 0.5,
+            lambda: (rand(8, 32, dtype=torch.bfloat16), rand(32, dtype=torch.bfloat16)),
+        ),
+    ],
+    "reductions": [
+        Case("sum_mean_dims", lambda x: (x.sum(0), x.mean(-1), x.sum()), lambda: (rand(16, 32),), 4.0),
+        Case(
+            "amax_amin_argmax",
+            lambda x: (x.amax(1), x.amin(0), x.argmax(-1), x.argmin(0)),
+            lambda: (rand(12, 20),),
+        ),
+        Case("var_std", lambda x: (x.var(0), x.std(-1, unbiased=False)), lambda: (rand(32, 8),), 4.0),
+        Case("logsumexp", lambda x: torch.logsumexp(x, dim=-1), lambda: (rand(8, 64),), 2.0),
+        Case(
+            "prod_any_all",
+            lambda x: (x.prod(-1), (x > 0).any(0), (x > -3).all()),
+            lambda: (rand(4, 6) * 0.5 + 1,),
+        ),
+        Case("cumsum", lambda x: torch.cumsum(x, dim=1), lambda: (rand(4, 32),), 4.0),
+        Case(
+            "vector_norm",
+            lambda x: torch.linalg.vector_norm(x, dim=-1) + x.norm(),
+            lambda: (rand(8, 16),),
+            2.0,
+        ),
+    ],
+    "views": [
+        Case(
+            "view_permute",
+            lambda x: x.view(4, 8, 4).permute(2, 0, 1).contiguous() + 1,
+            lambda: (rand(4, 32),),
+        ),
+        Case("transpose_reshape", lambda x: x.transpose(0, 1).reshape(-1) * 2, lambda: (rand(6, 10),)),
+        Case("slice_steps", lambda x: x[::2, 1::3] + x[1::2, :-1:3], lambda: (rand(8, 12),)),
+        Case(
+            "expand_unsqueeze",
+            lambda x: x.unsqueeze(1).expand(4, 3, 8) * torch.arange(3, device=x.device).view(1, 3, 1),
+            lambda: (rand(4, 8),),
+        ),
+        Case(
+            "cat_stack",
+            lambda x, y: torch.cat([x, y * 2], dim=0) + torch.stack([x, y]).sum(0).repeat(2, 1),
+            lambda: (rand(4, 8), rand(4, 8, seed=2)),
+        ),
+        Case(
+            "split_chunk",
+            lambda x: sum(c.sum(0) for c in x.chunk(4, dim=0)) + x.split([2, 6], dim=1)[1].sum(),
+            lambda: (rand(8, 8),),
+        ),
+        Case("flip_roll", lambda x: x.flip(-1) + torch.roll(x, shifts=3, dims=0), lambda: (rand(8, 5),)),
+        Case("rope", _rope, lambda: (rand(2, 4, 8, 16), rand(8, 16), rand(8, 16, seed=3))),
+    ],
+    "indexing": [
+        Case("gather", lambda x, i: torch.gather(x, 1, i), lambda: (rand(8, 16), ints(16, 8, 4))),
+        Case(
+            "index_select_embedding",
+            lambda w, i: w.index_select(0, i) + F.embedding(i, w),
+            lambda: (rand(32, 8), ints(32, 10)),
+        ),
+        Case(
+            "advanced_index", lambda x, i: x[i] * 2 + x[:, i[:3]].sum(), lambda: (rand(16, 16), ints(16, 5))
+        ),
+        Case(
+            "index_put",
+            _index_put,
+            lambda: (rand(10, 4), torch.tensor([1, 3, 7], device=DEVICE), rand(3, 4, seed=4)),
+            mutates=True,
+        ),
+        Case("scatter_add", _scatter_add, lambda: (rand(4, 8), ints(8, 4, 6), rand(4, 6, seed=5))),
+        Case(
+            "masked_fill_tril",
+            lambda x: x.masked_fill(
+                torch.ones(8, 8, dtype=torch.bool, device=x.device).tril().logical_not(), -1.0
+            ),
+            lambda: (rand(8, 8),),
+        ),
+    ],
+    "matmul": [
+        Case(
+            "mm_addmm",
+            lambda a, b, c: torch.addmm(c, a, b) + a @ b,
+            lambda: (rand(8, 16), rand(16, 12), rand(12)),
+            8.0,
+        ),
+        Case(
+            "bmm_baddbmm",
+            lambda a, b: torch.baddbmm(a @ b, a, b, alpha=0.5),
+            lambda: (rand(3, 8, 8), rand(3, 8, 8, seed=6)),
+            8.0,
+        ),
+        Case(
+            "matmul_3d_2d", lambda x, w: torch.matmul(x, w).relu(), lambda: (rand(2, 5, 16), rand(16, 8)), 8.0
+        ),
+        Case(
+            "einsum",
+            lambda a, b: torch.einsum("bij,bjk->bik", a, b).sum(-1),
+            lambda: (rand(2, 4, 8), rand(2, 8, 6)),
+            8.0,
+        ),
+        Case(
+            "linear",
+            lambda x, w, b: F.linear(x, w, b).tanh(),
+            lambda: (rand(4, 16), rand(8, 16), rand(8)),
+            8.0,
+        ),
+    ],
+    "softmax_losses": [
+        Case(
+            "softmax_log_softmax",
+            lambda x: (x.softmax(-1), F.log_softmax(x, dim=0)),
+            lambda: (rand(8, 32),),
+            2.0,
+        ),
+        Case("cross_entropy", _cross_entropy, lambda: (rand(16, 10), ints(10, 16)), 2.0),
+        Case(
+            "mse_smooth_l1",
+            lambda x, y: F.mse_loss(x, y) + F.smooth_l1_loss(x, y),
+            lambda: (rand(8, 8), rand(8, 8, seed=7)),
+            2.0,
+        ),
+    ],
+    "norms": [
+        Case(
+            "layer_norm",
+            lambda x, w, b: F.layer_norm(x, (16,), w, b),
+            lambda: (rand(4, 8, 16), rand(16), rand(16, seed=8)),
+            4.0,
+        ),
+        Case(
+            "rms_norm",
+            lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+            lambda: (rand(4, 32), rand(32)),
+            4.0,
+        ),
+        Case(
+            "group_norm",
+            lambda x, w, b: F.group_norm(x, 2, w, b),
+            lambda: (rand(2, 4, 6), rand(4), rand(4, seed=9)),
+            4.0,
+        ),
+        Case(
+            "batch_norm_eval",
+            lambda x, m, v: F.batch_norm(x, m, v, training=False),
+            lambda: (rand(8, 4), rand(4), rand(4, low=0.5)),
+            4.0,
+        ),
+    ],
+    "attention": [
+        Case(
+            "sdpa_causal",
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda: (rand(1, 2, 8, 16), rand(1, 2, 8, 16, seed=10), rand(1, 2, 8, 16, seed=11)),
+            8.0,
+        ),
+        Case(
+            "sdpa_mask_gqa",
+            lambda q, k, v, m: F.scaled_dot_product_attention(
+                q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=m
+            ),
+            lambda: (
+                rand(2, 4, 6, 8),
+                rand(2, 2, 6, 8, seed=12),
+                rand(2, 2, 6, 8, seed=13),
+                rand(6, 6, seed=14) > 0,
+            ),
+            8.0,
+        ),
+        Case(
+            "manual_attention",
+            _attention,
+            lambda: (
+                rand(2, 6, 8),
+                rand(2, 6, 8, seed=15),
+                rand(2, 6, 8, seed=16),
+                torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril(),
+            ),
+            8.0,
+        ),
+    ],
+    "in_place": [
+        Case("inplace_inputs", _inplace, lambda: (rand(8, 8), rand(8, 8, seed=17)), 2.0, mutates=True),
+    ],
+}
+CASES = [case for group in GROUPS.values() for case in group]
+
+
+def _clone_args(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def counted(fn, **kwargs):
+    """``torch.compile(fn)`` with the default (Inductor) backend, and a counter of the graphs it compiled:
+    tests check it, so that a silent fall-back to eager (a graph break, a cache limit) cannot pass."""
+    counter = CompileCounterWithBackend("inductor")
+    return torch.compile(fn, backend=counter, **kwargs), counter
+
+
+def _run_group(cases, all_args):
+    return [case.fn(*args) for case, args in zip(cases, all_args, strict=True)]
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_functions_compiled_match_eager(group):
+    cases = GROUPS[group]
+    all_args = [case.args() for case in cases]
+    eager_args = [_clone_args(args) for args in all_args]
+    compiled_args = [_clone_args(args) for args in all_args]
+    expected = _run_group(cases, eager_args)
+    torch._dynamo.reset()  # each group compiles _run_group afresh (one code object for every group)
+    compiled, counter = counted(_run_group)
+    actual = compiled(cases, compiled_args)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs: a graph break in group {group}"
+    assert len(CASES) >= 40
+    for case, a, e, ca, ea in zip(cases, actual, expected, compiled_args, eager_args, strict=True):
+        assert_same(a, e, case.scale, case.name)
+        if case.mutates:
+            assert_same(ca, ea, case.scale, f"{case.name}: mutated inputs")
+
+
+# ---- modules, forward and backward ------------------------------------------------------------------
+
+
+class TinyBlock(nn.Module):
+    """A pre-norm transformer block: attention (SDPA) and a gated MLP."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.gate, self.up, self.down = nn.Linear(dim, 64), nn.Linear(dim, 64), nn.Linear(64, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+MODULES = {  # the MLP is the training tests' model
+    "conv2d_bn": (
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        ),
+        lambda: rand(2, 3, 8, 8),
+    ),
+    "embedding_mlp": (
+        lambda: nn.Sequential(nn.Embedding(20, 8), nn.Flatten(), nn.Linear(40, 3)),
+        lambda: ints(20, 4, 5),
+    ),
+    "transformer_block": (TinyBlock, lambda: rand(2, 6, 32)),
+}
+
+
+def _module_pair(name):
+    make, make_input = MODULES[name]
+    torch.manual_seed(0)
+    module = make().to(DEVICE)
+    return module, copy.deepcopy(module), make_input()
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_module_forward_and_backward_compiled_match_eager(name):
+    """The module's output and every parameter's gradient (AOTAutograd's forward and backward graphs)."""
+    eager, compiled, x = _module_pair(name)
+    out = eager(x)
+    compiled_module, counter = counted(compiled)
+    out_c = compiled_module(x)
+    assert counter.frame_count == 1
+    assert_same(out_c, out, 8.0)
+    out.float().pow(2).mean().backward()
+    out_c.float().pow(2).mean().backward()
+    for (pname, p), pc in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert pc.grad is not None and pc.grad.device == p.device, pname
+        assert_same(pc.grad, p.grad, 16.0, f"grad of {pname}")
+
+
+# ---- training -------------------------------------------------------------------------------------------
+
+
+def _train_steps(model, step, steps=3):
+    g = torch.Generator().manual_seed(21)
+    x, y = torch.randn(8, 16, generator=g).to(DEVICE), torch.randn(8, 4, generator=g).to(DEVICE)
+    return [step(model, x, y).item() for _ in range(steps)]
+
+
+def _make_training(compile_optimizer: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_step = torch.compile(opt.step) if compile_optimizer else opt.step
+
+    def step(model, x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt_step()
+        return loss
+
+    return model, opt, step
+
+
+def test_compiled_optimizer_step_matches_eager():
+    """Eager forward and backward, ``torch.compile(optimizer.step)`` (AdamW, foreach): losses, weights and
+    optimizer state as eager's. (A whole training step compiled in one function, optimizer included:
+    tests/models/test_qwen3_compile.py.)"""
+    eager_model, eager_opt, eager_step = _make_training(compile_optimizer=False)
+    model, opt, step = _make_training(compile_optimizer=True)
+    expected = _train_steps(eager_model, eager_step)
+    actual = _train_steps(model, step)
+    torch.testing.assert_close(torch.tensor(actual), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert expected[-1] < expected[0]
+    for (name, p_e), p in zip(eager_model.named_parameters(), model.parameters(), strict=True):
+        assert p.device.type == DEVICE
+        assert_same(p.detach(), p_e.detach(), 16.0, name)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_same(opt.state[p][key], eager_opt.state[p_e][key], 16.0, f"{name} {key}")
+
+
+# ---- RNG ------------------------------------------------------------------------------------------------
+
+
+def _random_ops(x):
+    return F.dropout(x, p=0.5, training=True), torch.rand_like(x), torch.randn(x.shape, device=x.device)
+
+
+def test_rng_fallback_random_equals_eager():
+    """With ``fallback_random``, compiled random ops call flagos's random operators: under one seed they
+    draw the numbers eager draws. ``torch.manual_seed`` seeds every generator: ``aten::native_dropout``
+    takes no generator argument and draws from the native device's default one (docs/design.md)."""
+    x = rand(16, 32)
+    torch.manual_seed(123)
+    expected = _random_ops(x)
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = torch.compile(_random_ops)
+        torch.manual_seed(123)
+        actual = compiled(x)
+    assert_same(actual, expected)
+
+
+def test_rng_seeded_compiled_random_is_reproducible():
+    """Inductor's own random numbers (the default) follow ``torch.flagos.manual_seed``: the same seed gives
+    the same numbers, another seed others; dropout keeps about half and scales by 2."""
+    x = torch.ones(64, 64, device=DEVICE)
+    compiled = torch.compile(_random_ops)
+    torch.flagos.manual_seed(7)
+    first = compiled(x)
+    torch.flagos.manual_seed(7)
+    again = compiled(x)
+    torch.flagos.manual_seed(8)
+    other = compiled(x)
+    for a, b, c in zip(first, again, other, strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+        assert not torch.equal(a.cpu(), c.cpu())
+    dropped, uniform, normal = (t.cpu() for t in first)
+    assert set(dropped.unique().tolist()) <= {0.0, 2.0} and 0.4 < (dropped == 0).float().mean() < 0.6
+    assert 0 <= uniform.min() and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.05
+    assert abs(normal.mean()) < 0.1 and abs(normal.std() - 1) < 0.1
+
+
+# ---- dynamic shapes, graph breaks, recompilation ----------------------------------------------------------
+
+
+def _rowwise(x):
+    return (x - x.mean(-1, keepdim=True)).softmax(-1) * x.shape[0]
+
+
+def test_dynamic_shapes_compile_once():
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_rowwise, backend=counter, dynamic=True)
+    for rows, cols in ((3, 8), (5, 8), (7, 12), (16, 4)):
+        x = rand(rows, cols)
+        assert_same(compiled(x), _rowwise(x), 2.0, f"{rows}x{cols}")
+    assert counter.frame_count == 1
+
+
+def test_automatic_dynamic_bounds_recompilation():
+    """Without ``dynamic``: one static graph, then one dynamic graph for every later size; the same size
+    again never recompiles."""
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(lambda x: (x * 3).cumsum(0) - x.flip(0), backend=counter)
+    for n in (4, 5, 6, 9, 17, 4, 5):
+        x = rand(n, 3)
+        assert_same(compiled(x), (x * 3).cumsum(0) - x.flip(0), 4.0, f"size {n}")
+    assert counter.frame_count == 2
+    for _ in range(3):
+        compiled(rand(9, 3))
+    assert counter.frame_count == 2
+
+
+def _with_graph_breaks(x):
+    y = x.sin() * 2
+    torch._dynamo.graph_break()
+    if y.sum() > 0:  # data-dependent branch: another break
+        y = y + 1
+    return y.cos() @ x.t()
+
+
+def test_graph_breaks_give_eager_results():
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_with_graph_breaks, backend=counter)
+    for seed in (0, 1):
+        x = rand(6, 6, seed=seed)
+        assert_same(compiled(x), _with_graph_breaks(x), 8.0)
+    assert 2 <= counter.frame_count <= 4
+
+
+def test_mixed_devices_and_scalars():
+    """CPU scalar tensors, a CPU input moved to flagos inside the graph, and a result copied to the CPU."""
+
+    def fn(x, cpu_scale, cpu_bias):
+        y = x * cpu_scale + cpu_bias.to(x.device)
+        return y, y.sum().cpu()
+
+    args = (rand(4, 8), torch.tensor(3.0), torch.randn(8))
+    assert_same(torch.compile(fn)(*args), fn(*args), 2.0)
+
+
+# ---- where the work runs ----------------------------------------------------------------------------------
+
+
+def _on_device(x, w):
+    return (x @ w).softmax(-1) + x.sum()
+
+
+def test_second_device_and_side_stream(two_devices_only):
+    """A graph on flagos:1 while device 0 is current, and a graph run on a side stream: eager's results, on
+    the tensors' device."""
+    compiled = torch.compile(_on_device)
+    x, w = rand(4, 8).to("flagos:1"), rand(8, 8, seed=1).to("flagos:1")
+    assert torch.flagos.current_device() == 0
+    out = compiled(x, w)
+    assert out.device == torch.device("flagos:1")
+    assert_same(out, _on_device(x, w), 8.0)
+    x0, w0 = rand(4, 8, seed=2), rand(8, 8, seed=3)
+    side = torch.flagos.Stream()
+    side.wait_stream(torch.flagos.current_stream())
+    with torch.flagos.stream(side):
+        y = compiled(x0, w0)
+    torch.flagos.current_stream().wait_stream(side)
+    assert_same(y, _on_device(x0, w0), 8.0)
+
+
+def test_extern_kernels_go_through_the_router():
+    """mm is left to ATen by Inductor: the compiled graph calls flagos's mm, which the router serves and
+    counts; a routing rule set afterwards decides the compiled graph's mm like an eager one's."""
+    fn = torch.compile(lambda a, b: (a @ b).relu() + 1)
+    a, b = rand(8, 16), rand(16, 8, seed=1)
+    expected = (a @ b).relu() + 1
+    fn(a, b)  # compiled
+    routing.reset_counts()
+    assert_same(fn(a, b), expected, 8.0)
+    native = routing.counts().get("native", 0)
+    assert native >= 1, routing.counts()
+    routing.reset_counts()
+    with routing.override({"aten::mm.out": "cpu", "aten::mm": "cpu"}):
+        assert_same(fn(a, b), expected, 8.0)
+    assert routing.counts().get("cpu", 0) >= 1, routing.counts()
+
+
+@pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
+def test_compile_modes(mode):
+    """max-autotune compiles and runs; reduce-overhead runs without CUDA-graph replay on flagos (for now)
+    and gives eager's results."""
+    fn = torch.compile(lambda x, w: F.gelu(x @ w) * 2, mode=mode)
+    x, w = rand(16, 32), rand(32, 16, seed=1)
+    for _ in range(3):
+        assert_same(fn(x, w), F.gelu(x @ w) * 2, 8.0)
+
+
+def test_cpp_wrapper_is_a_clear_error():
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        with pytest.raises(Exception, match="cpp_wrapper=True"):
+            torch.compile(lambda x: x * 2 + 1)(rand(4))
+
+
+def test_registration_status():
+    status = torch_fl._compile.status()
+    assert status["inductor"] and status["device_interface"]
+    assert status["flavour"] == ("triton" if torch_fl.accelerator() == "cuda" else "cpp")
+    from torch._dynamo.device_interface import get_interface_for_device
+    from torch._inductor.codegen.common import get_scheduling_for_device
+    from torch._inductor.utils import is_gpu
+
+    assert get_interface_for_device(DEVICE).current_device() == torch.flagos.current_device()
+    assert get_scheduling_for_device(DEVICE) is torch.flagos.Scheduling
+    assert is_gpu(DEVICE) == (status["flavour"] == "triton")
+
+
+_STREAM_ORDER_SCRIPT = """
+import json, torch
+out = {}
+# torch's compiler first: Inductor's PrivateUse1 hook runs before torch_fl exists, so import registers.
+torch.compile(lambda t: t + 1)(torch.ones(2))
+import torch_fl
+out["registered_at_import"] = torch_fl._compile.status()["inductor"]
+n = 1 << 16
+compiled = torch.compile(lambda x: x * 2 + 1)
+x = torch.zeros(n, device="flagos")
+compiled(x)  # compiled and run once before the timed part
+src = torch.arange(n, dtype=torch.float32).pin_memory()
+x.copy_(src, non_blocking=True)  # queued on the current stream, run after the stream's delay
+out["copy_pending"] = not torch.flagos.current_stream().query()
+out["default_stream"] = torch.equal(compiled(x).cpu(), src * 2 + 1)
+side = torch.flagos.Stream()
+y = torch.zeros(n, device="flagos")
+src3 = (src * 3).pin_memory()
+with torch.flagos.stream(side):
+    y.copy_(src3, non_blocking=True)
+    out["side_pending"] = not side.query()
+    z = compiled(y)
+side.synchronize()
+out["side_stream"] = torch.equal(z.cpu(), src * 6 + 1)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(torch_fl.accelerator() != "sim", reason="the simulated accelerator's stream delay")
+def test_compiled_host_kernels_wait_for_queued_stream_work(run_python):
+    """With every stream task delayed, an async copy into a compiled graph's input is still queued when
+    the graph runs: its C++ kernel must wait for the current stream (default, then a side stream). The
+    process compiles a CPU function before importing torch_fl: import then registers at once."""
+    env = {"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_STREAM_DELAY_US": "200000"}
+    out = run_python(_STREAM_ORDER_SCRIPT, env=env, timeout=240).check().json()
+    assert out["registered_at_import"], "not registered at import though Inductor was loaded"
+    assert out["copy_pending"] and out["side_pending"], "the copies were not pending: the test proves nothing"
+    assert out["default_stream"], "a compiled kernel read its input before the queued copy into it ran"
+    assert out["side_stream"], "a compiled kernel on a side stream did not wait for that stream"
+
+
+def test_import_loads_no_compiler(run_python):
+    """``import torch_fl`` imports neither Dynamo nor Inductor (a second of import time): the first compile
+    registers flagos, through Inductor's PrivateUse1 hook (test_registration_status)."""
+    code = """
+    import sys, torch, torch_fl
+    assert "torch._dynamo" not in sys.modules and "torch._inductor" not in sys.modules, sorted(
+        m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor")))
+    assert not torch_fl._compile.status()["inductor"]
+    """
+    run_python(code).check()
