@@ -574,6 +574,44 @@ def test_mixed_devices_and_scalars():
     assert_same(torch.compile(fn)(*args), fn(*args), 2.0)
 
 
+def _attention_ops(fn, *args) -> list[str]:
+    """The aten attention ops an eager call of ``fn`` runs (recorded by a dispatch mode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn(*args)
+    return [name for name in seen if name.startswith("_scaled_dot_product")]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_traced_attention_runs_eagers_fused_kernel(requires_grad):
+    """Tracing SDPA on flagos records the fused attention op eager runs (flagos's choice, made from the
+    fake tensors' metadata by the native device) and no ``_fused_sdp_choice`` node."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (rand(2, 4, 8, 16, seed=i).requires_grad_(requires_grad) for i in range(3))
+    eager = _attention_ops(attention, q, k, v)
+    graph = make_fx(attention, tracing_mode="fake")(q, k, v).graph
+    traced = [
+        n.target.overloadpacket.__name__
+        for n in graph.nodes
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    ]
+    assert "_fused_sdp_choice" not in traced
+    assert eager and eager[0] != "_scaled_dot_product_attention_math", eager
+    assert [name for name in traced if name.startswith("_scaled_dot_product")] == eager, (traced, eager)
+
+
 # ---- where the work runs ----------------------------------------------------------------------------------
 
 
@@ -618,12 +656,18 @@ def test_extern_kernels_go_through_the_router():
 
 @pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
 def test_compile_modes(mode):
-    """max-autotune compiles and runs; reduce-overhead runs without CUDA-graph replay on flagos (for now)
-    and gives eager's results."""
+    """max-autotune compiles and runs. reduce-overhead gives eager's results without CUDA-graph replay:
+    Inductor's CUDA-graph trees take device type cuda only, so it skips flagos graphs (docs/compile.md;
+    graph replay when backed by CUDA is the graphs issue's)."""
+    from torch._dynamo.utils import counters
+
+    skips = counters["inductor"]["cudagraph_skips"]
     fn = torch.compile(lambda x, w: F.gelu(x @ w) * 2, mode=mode)
     x, w = rand(16, 32), rand(32, 16, seed=1)
     for _ in range(3):
         assert_same(fn(x, w), F.gelu(x @ w) * 2, 8.0)
+    if mode == "reduce-overhead":
+        assert counters["inductor"]["cudagraph_skips"] == skips + 1
 
 
 def test_cpp_wrapper_is_a_clear_error():

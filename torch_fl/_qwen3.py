@@ -300,10 +300,11 @@ def greedy_divergence(
 
 
 def greedy_generate(
-    model, input_ids: torch.Tensor, new_tokens: int, *, fixed_length: bool = True, streamer=None
+    model, input_ids: torch.Tensor, new_tokens: int, *, fixed_length: bool = True, streamer=None, **generation
 ):
     """Greedy ``generate`` returning a ``GenerateDecoderOnlyOutput`` with ``sequences`` and per-step
-    ``logits``. ``fixed_length`` generates exactly ``new_tokens`` (end-of-sequence tokens suppressed)."""
+    ``logits``. ``fixed_length`` generates exactly ``new_tokens`` (end-of-sequence tokens suppressed);
+    ``generation`` adds ``GenerationConfig`` fields (``cache_implementation="static"``, ``compile_config``)."""
     from transformers import GenerationConfig
 
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -318,6 +319,7 @@ def greedy_generate(
         pad_token_id=pad,
         output_logits=True,
         return_dict_in_generate=True,
+        **generation,
     )
     with torch.no_grad():
         return model.generate(
@@ -433,21 +435,20 @@ def train(
 def time_train_steps(
     master, device: str, ids: torch.Tensor, repeats: int, compile: bool = False, warmup: int = 1
 ) -> list[float]:
-    """Seconds per training step (forward, backward, foreach AdamW) of a copy of ``master`` on ``device``
-    (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` untimed steps (the
-    compilation among them), then ``repeats`` timed ones."""
+    """Seconds of each training step (forward, backward, foreach AdamW) of a copy of ``master`` on
+    ``device`` (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` steps first
+    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first."""
     model = copy_to(master, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = ids.to(device)
     step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
     times = []
-    for i in range(repeats + warmup):
+    for _ in range(repeats + warmup):
         synchronize(device)
         start = time.perf_counter()
         step(ids)
         synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     return times
 
 
@@ -476,13 +477,13 @@ module._serve_clean_process(sys.argv[2], sys.argv[3])
 """
 
 
-def run_in_clean_process(function: str, master: dict, **kwargs):
+def run_in_clean_process(function: str, master: dict, env: dict | None = None, **kwargs):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
     process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here).
 
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
-    where there is one. The child's output goes to this process's stderr; a failure raises RuntimeError
-    with the child's exit code."""
+    where there is one. ``env`` adds environment variables for the child. The child's output goes to this
+    process's stderr; a failure raises RuntimeError with the child's exit code."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
@@ -490,6 +491,7 @@ def run_in_clean_process(function: str, master: dict, **kwargs):
         proc = subprocess.run(
             [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result],
             stdout=sys.stderr,
+            env={**os.environ, **(env or {})},
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{function} in a clean process failed with exit code {proc.returncode}")

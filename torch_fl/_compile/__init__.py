@@ -37,6 +37,7 @@ _lock = threading.RLock()
 _interface_registered = False
 _inductor_classes: dict[str, object] | None = None
 _adapters: list[str] = []
+_warned_cudagraphs = False
 
 
 def flavour() -> str | None:
@@ -59,6 +60,26 @@ def _flavour_module(kind: str):
     from torch_fl._compile import host_kernels
 
     return host_kernels
+
+
+def warn_if_cudagraphs_requested(accelerator: str) -> None:
+    """Once per process, where CUDA graphs were asked for (``mode="reduce-overhead"``,
+    ``triton.cudagraphs``): Inductor's CUDA-graph trees take graphs of device type cuda only, so a flagos
+    graph runs without graph replay, and Inductor says so only in its ``cudagraph_skips`` counter."""
+    import warnings
+
+    from torch._inductor import config
+
+    global _warned_cudagraphs
+    if _warned_cudagraphs or not config.triton.cudagraphs:
+        return
+    _warned_cudagraphs = True
+    warnings.warn(
+        f"torch.compile: CUDA graphs (mode='reduce-overhead') are not replayed for '{DEVICE_TYPE}' graphs on "
+        f"{accelerator}: the compiled graph runs without them (Inductor's CUDA-graph trees take device type "
+        f"cuda only; torch._dynamo.utils.counters['inductor']['cudagraph_skips'] counts the graphs)",
+        stacklevel=2,
+    )
 
 
 def unsupported_cpp_wrapper(device_type: str, accelerator: str) -> type:

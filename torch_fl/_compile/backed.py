@@ -20,9 +20,9 @@ from torch._inductor import config
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
 from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
-from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
-from torch_fl._compile import register_backend, unsupported_cpp_wrapper
+from torch_fl._compile import register_backend, unsupported_cpp_wrapper, warn_if_cudagraphs_requested
 from torch_fl._compile.adapters import register_gpu_type, report_as_cuda_to_triton
 
 try:  # Halide scheduling: where this torch has it (config.cuda_backend = "halide")
@@ -33,6 +33,20 @@ try:  # the FX wrapper (config.fx_wrapper): where this torch has it
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 except ImportError:  # pragma: no cover
     WrapperFxCodegen = None
+
+
+class BackedWrapperCodegen(PythonWrapperCodegen):
+    """CUDA's Python wrapper; says once when CUDA graphs were asked for and are not replayed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        warn_if_cudagraphs_requested("CUDA")
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
+        if is_subgraph:
+            return SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return BackedWrapperCodegen()
 
 
 def scheduling(scheduler):
@@ -56,11 +70,11 @@ def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     register_device_op_overrides(device_type, CUDADeviceOpOverrides())
     classes = {
         "Scheduling": scheduling,
-        "PythonWrapperCodegen": PythonWrapperCodegen,
+        "PythonWrapperCodegen": BackedWrapperCodegen,
         "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "CUDA"),
         "WrapperFxCodegen": WrapperFxCodegen,
     }
     register_backend(
-        device_type, scheduling, PythonWrapperCodegen, classes["CppWrapperCodegen"], WrapperFxCodegen
+        device_type, scheduling, BackedWrapperCodegen, classes["CppWrapperCodegen"], WrapperFxCodegen
     )
     return classes, adapters

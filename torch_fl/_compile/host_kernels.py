@@ -25,7 +25,12 @@ from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
 
-from torch_fl._compile import DEVICE_TYPE, register_backend, unsupported_cpp_wrapper
+from torch_fl._compile import (
+    DEVICE_TYPE,
+    register_backend,
+    unsupported_cpp_wrapper,
+    warn_if_cudagraphs_requested,
+)
 from torch_fl._compile.adapters import classify_as_cpu
 
 # The name generated code calls the wait by (imported in the module's header).
@@ -71,6 +76,10 @@ class HostKernelSubgraphWrapperCodegen(_HostKernelCalls, SubgraphPythonWrapperCo
 
 
 class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        warn_if_cudagraphs_requested("the simulated accelerator")
+
     @staticmethod
     def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
         if is_subgraph:
