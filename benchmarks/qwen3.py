@@ -169,9 +169,11 @@ class Workload:
         return _timed(lambda: self.train_step(ids), self.device)
 
     def train_elsewhere(self, repeats: int) -> list[float]:
-        """Step times from a fresh process without torch_fl (one warm-up step, then ``repeats``; the
-        warm-up's time goes to ``first_call``), with empty compiler caches of its own when compiling."""
+        """Step times from a fresh process without torch_fl (one warm-up step, two compiled, then
+        ``repeats``; the first step's time goes to ``first_call``), with empty compiler caches of its own
+        when compiling."""
         compile = self.decode_mode is not None
+        warmup = 2 if compile else 1  # as measure() warms up
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
             env = _fresh_compiler_caches(caches) if compile else None
             times = _qwen3.run_in_clean_process(
@@ -182,9 +184,10 @@ class Workload:
                 ids=self.train_ids,
                 repeats=repeats,
                 compile=compile,
+                warmup=warmup,
             )
         self.first_call["train"] = times[0]
-        return times[1:]
+        return times[warmup:]
 
 
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
@@ -198,9 +201,9 @@ def _fresh_compiler_caches(folder: str) -> dict[str, str]:
 def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float, list[float]]]:
     """name -> (median on the reference, median on flagos, flagos/reference ratio of each repeat's pair).
 
-    One warm-up each, then ``repeats`` pairs of runs, one on each device back to back, the order swapped
-    from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike and each
-    pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
+    One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
+    order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
+    and each pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
     process of its own: no pairs then (an empty list)."""
     results = {}
     for workload in (ref, fl):
@@ -213,13 +216,16 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
             samples["ref"] = ref.train_elsewhere(repeats)
             workloads = [("fl", fl)]
             paired = False
-        for repeat in range(-1, repeats):  # -1: the warm-up, flagos's first (it compiles with cold caches)
-            for key, workload in workloads[::-1] if repeat % 2 else workloads:
+        # Negative repeats warm up, flagos first (it compiles with cold caches). Compiled, twice: a second
+        # generate recompiles its decoding step once more (the static cache's new tensors).
+        warmups = 2 if fl.decode_mode else 1
+        for repeat in range(-warmups, repeats):
+            for key, workload in workloads if (repeat + warmups) % 2 else workloads[::-1]:
                 start = time.perf_counter()
                 value = getattr(workload, name)()
                 if repeat >= 0:
                     samples[key].append(value)
-                else:
+                elif repeat == -warmups:
                     workload.first_call[name] = time.perf_counter() - start
         pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if paired else []
         results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs)

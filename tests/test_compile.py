@@ -619,22 +619,47 @@ def _on_device(x, w):
     return (x @ w).softmax(-1) + x.sum()
 
 
-def test_second_device_and_side_stream(two_devices_only):
-    """A graph on flagos:1 while device 0 is current, and a graph run on a side stream: eager's results, on
-    the tensors' device."""
+def test_second_device(two_devices_only):
+    """A graph on flagos:1 while device 0 is current: eager's results, on flagos:1."""
     compiled = torch.compile(_on_device)
     x, w = rand(4, 8).to("flagos:1"), rand(8, 8, seed=1).to("flagos:1")
     assert torch.flagos.current_device() == 0
     out = compiled(x, w)
     assert out.device == torch.device("flagos:1")
     assert_same(out, _on_device(x, w), 8.0)
-    x0, w0 = rand(4, 8, seed=2), rand(8, 8, seed=3)
+
+
+def test_side_stream():
+    compiled = torch.compile(_on_device)
+    x, w = rand(4, 8, seed=2), rand(8, 8, seed=3)
     side = torch.flagos.Stream()
     side.wait_stream(torch.flagos.current_stream())
     with torch.flagos.stream(side):
-        y = compiled(x0, w0)
+        y = compiled(x, w)
     torch.flagos.current_stream().wait_stream(side)
-    assert_same(y, _on_device(x0, w0), 8.0)
+    assert_same(y, _on_device(x, w), 8.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch_fl.accelerator() != "cuda", reason="flagos backed by CUDA")
+def test_triton_kernels_run_on_flagos_current_stream():
+    """A copy queued behind a long kernel on a side stream, then a compiled graph on that stream: its
+    Triton kernels launch on flagos's current stream (CUDA's), so they see the copy's result."""
+    compiled = torch.compile(lambda t: t * 2 + 1)
+    n = 1 << 20
+    x = torch.zeros(n, device=DEVICE)
+    compiled(x)
+    src = torch.arange(n, dtype=torch.float32, device=DEVICE)
+    torch.flagos.synchronize()
+    side = torch.flagos.Stream()
+    with torch.flagos.stream(side):
+        torch.cuda._sleep(200_000_000)  # a spinning kernel on the current (side) stream
+        x.copy_(src)
+        y = compiled(x)
+        pending = not side.query()
+    torch.flagos.current_stream().wait_stream(side)
+    assert pending, "the side stream was idle already: the test proves nothing"
+    assert torch.equal(y.cpu(), src.cpu() * 2 + 1)
 
 
 def test_extern_kernels_go_through_the_router():
@@ -740,3 +765,37 @@ def test_import_loads_no_compiler(run_python):
     assert not torch_fl._compile.status()["inductor"]
     """
     run_python(code).check()
+
+
+_BACKED_GLUE_SCRIPT = """
+import torch, torch_fl
+from torch._inductor.runtime import hints
+
+seen = []
+hints.DeviceProperties.create = classmethod(lambda cls, device: seen.append(device) or "cuda properties")
+from torch._inductor import utils
+from torch._inductor.codegen.common import get_device_op_overrides, get_scheduling_for_device
+from torch_fl._compile import backed, device_interface
+
+classes, adapters = backed.register("flagos")
+assert hints.DeviceProperties.create(torch.device("flagos", 1)) == "cuda properties"
+assert seen == [torch.device("cuda", 1)], seen
+assert hints.DeviceProperties.create(torch.device("cpu")) == "cuda properties" and seen[-1] == torch.device("cpu")
+assert utils.is_gpu("flagos") and "cuda" in utils.GPU_TYPES
+assert utils.get_gpu_type() == "flagos", utils.get_gpu_type()
+assert get_scheduling_for_device("flagos") is backed.scheduling is classes["Scheduling"]
+assert "_cuda_getCurrentRawStream" in get_device_op_overrides("flagos").import_get_raw_stream_as("s")
+assert get_device_op_overrides("flagos") is get_device_op_overrides("cuda")
+assert device_interface.interface_for("triton") is device_interface.BackedInterface
+assert sorted(adapters) == sorted([
+    "inductor.utils.GPU_TYPES", "inductor.utils.get_gpu_type", "inductor.runtime.hints.DeviceProperties.create"
+]), adapters
+print("RESULT {}")
+"""
+
+
+def test_backed_registration_glue(run_python):
+    """What flagos backed by CUDA registers, checked where no GPU exists (the GPU tests run it for real):
+    CUDA's scheduling and op overrides under the flagos name, flagos a GPU type and the process's one,
+    and Triton's device properties those of the CUDA device of the same index."""
+    run_python(_BACKED_GLUE_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim"}, timeout=120).check()

@@ -54,28 +54,24 @@ def test_compiled_training_step_matches_eager(qwen3, master_model):
     )
 
 
-def _static_generate(model, ids, new_tokens, compile_config=None):
-    config = transformers.GenerationConfig(
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        cache_implementation="static",
-        compile_config=compile_config,
-    )
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-
-
 def test_static_cache_generate_with_compiled_decoding(qwen3, flagos_model, prompt_ids):
     """Hugging Face compiles ``generate``'s decoding step for a static cache on its own only on cuda-like
-    devices; a ``CompileConfig`` that compiles on every device does it on flagos, and the token ids are
-    eager's. (Its default mode, reduce-overhead, runs without CUDA-graph replay on flagos for now.)"""
+    devices; a ``CompileConfig`` that compiles on every device does it on flagos (docs/compile.md), and the
+    token ids are eager's (or part from them only at a near tie of eager's logits, in low precision). Its
+    default mode, reduce-overhead, runs without CUDA-graph replay on flagos for now."""
     ids = prompt_ids[:1].to("flagos")
     new_tokens = 8
-    expected = _static_generate(flagos_model, ids, new_tokens)
-    compile_config = transformers.CompileConfig(fullgraph=False)
+    expected = _qwen3.greedy_generate(flagos_model, ids, new_tokens, cache_implementation="static")
+    compile_config = transformers.CompileConfig()
     compile_config._compile_all_devices = True  # transformers' switch for devices it does not list
-    actual = _static_generate(flagos_model, ids, new_tokens, compile_config)
+    actual = _qwen3.greedy_generate(
+        flagos_model, ids, new_tokens, cache_implementation="static", compile_config=compile_config
+    )
     assert hasattr(flagos_model, "_compiled_call"), "generate did not compile the decoding step"
-    assert actual.device.type == "flagos"
-    assert torch.equal(actual.cpu(), expected.cpu()), (actual, expected)
+    assert actual.sequences.device.type == "flagos"
+    problem = _qwen3.greedy_divergence(
+        expected.sequences, actual.sequences, expected.logits, ids.shape[1], qwen3.dtype
+    )
+    assert problem is None, problem
+    if qwen3.dtype == torch.float32:
+        assert torch.equal(actual.sequences.cpu(), expected.sequences.cpu())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from torch._inductor import config
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
-from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
@@ -65,9 +64,8 @@ def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     """Registers CUDA's Inductor backend for ``device_type``; returns the classes published on torch.flagos
     and the adapters installed."""
     adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type)
-    # torch's own overrides first: older versions fill the table once, when it is empty.
-    get_device_op_overrides("cuda")
-    register_device_op_overrides(device_type, CUDADeviceOpOverrides())
+    # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
+    register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
     classes = {
         "Scheduling": scheduling,
         "PythonWrapperCodegen": BackedWrapperCodegen,

@@ -54,15 +54,28 @@ class HostKernelOpOverrides(CpuDeviceOpOverrides):
 class _HostKernelCalls:
     """The wrapper-code changes, shared by the graph's wrapper and its subgraphs' (torch.cond bodies...)."""
 
-    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+    def _host_kernel_device(self, device, triton: bool):
+        """Before a C++ kernel's call on flagos: the wait for the device's current stream; then the CPU, as
+        which the call itself is emitted (a C++ kernel's call on CPU tensors)."""
         device = device or V.graph.get_current_device_or_throw()
-        if device.type == DEVICE_TYPE and not triton:
-            index = -1 if device.index is None else device.index  # -1: the current device
-            self.writeline(f"{_WAIT}({index})")
-            device = torch.device("cpu")  # from here on, a call of a C++ kernel like the CPU's
+        if device.type != DEVICE_TYPE or triton:
+            return device
+        self.writeline(f"{_WAIT}({-1 if device.index is None else device.index})")  # -1: the current device
+        return torch.device("cpu")
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = self._host_kernel_device(device, triton)
         return super()._generate_kernel_call_helper(
             kernel_name, call_args, device=device, triton=triton, **kwargs
         )
+
+    if not hasattr(PythonWrapperCodegen, "_generate_kernel_call_helper"):  # a torch that emits calls at once
+
+        def generate_kernel_call(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+            device = self._host_kernel_device(device, triton)
+            return super().generate_kernel_call(
+                kernel_name, call_args, device=device, triton=triton, **kwargs
+            )
 
     def make_allocation(self, name, device, *args, **kwargs):
         line = super().make_allocation(name, device, *args, **kwargs)
