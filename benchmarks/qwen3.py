@@ -21,12 +21,12 @@ its range say how far one run's ratio can be trusted.
 prefill through the compiled model, decode through ``generate`` with a static cache and its decoding step
 compiled (a ``CompileConfig`` in ``--decode-mode``, reduce-overhead by default, on both devices), and the
 whole training step compiled (``_qwen3.compiled_train_step``); the reference's compiled training runs in
-a process of its own as above. Also the first call of each (compilation included) on both devices: flagos
-warms up first, so shared in-process caches (the same Triton kernels) favour the reference; the process
-and the reference's training process each start with empty Inductor and Triton caches. Inductor has one
-GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's compiled prefill
-and decode here run without Inductor's moving of CPU constructors to the GPU, which Qwen3's graphs do not
-have.
+a process of its own as above. Compiled runs warm up twice. Also the first call of each, compilation
+included, on each device in a fresh process with empty Inductor and Triton caches (in one process the
+second device would find the first's kernels compiled: they are the same Triton or C++ source). Inductor
+has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's compiled
+prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which Qwen3's graphs
+do not have.
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -136,7 +136,6 @@ class Workload:
         self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g)
         self.clock = _DecodeClock()
         self.decode_busy: list[float] = []
-        self.first_call: dict[str, float] = {}  # seconds of each measurement's warm-up (compilation)
 
     def prefill(self) -> float:
         def run():
@@ -170,8 +169,7 @@ class Workload:
 
     def train_elsewhere(self, repeats: int) -> list[float]:
         """Step times from a fresh process without torch_fl (one warm-up step, two compiled, then
-        ``repeats``; the first step's time goes to ``first_call``), with empty compiler caches of its own
-        when compiling."""
+        ``repeats``), with empty compiler caches of its own when compiling."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
@@ -186,7 +184,6 @@ class Workload:
                 compile=compile,
                 warmup=warmup,
             )
-        self.first_call["train"] = times[0]
         return times[warmup:]
 
 
@@ -216,17 +213,14 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
             samples["ref"] = ref.train_elsewhere(repeats)
             workloads = [("fl", fl)]
             paired = False
-        # Negative repeats warm up, flagos first (it compiles with cold caches). Compiled, twice: a second
-        # generate recompiles its decoding step once more (the static cache's new tensors).
+        # Negative repeats warm up; compiled, twice: a second generate recompiles its decoding step once more
+        # (the static cache's new tensors).
         warmups = 2 if fl.decode_mode else 1
         for repeat in range(-warmups, repeats):
-            for key, workload in workloads if (repeat + warmups) % 2 else workloads[::-1]:
-                start = time.perf_counter()
+            for key, workload in workloads if repeat % 2 else workloads[::-1]:
                 value = getattr(workload, name)()
                 if repeat >= 0:
                     samples[key].append(value)
-                elif repeat == -warmups:
-                    workload.first_call[name] = time.perf_counter() - start
         pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if paired else []
         results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs)
         print(f"  .. {name}: done", flush=True)
@@ -367,13 +361,32 @@ def host_diff(ref: Workload, fl: Workload, n: int) -> None:
         print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
 
 
-def _warm_up_compiler(reference: str) -> None:
-    """One tiny compile on each device first: the process's one-time compiler costs (imports, Triton's and
-    the C++ compiler's first runs) go to neither measured compilation."""
-    for device in (reference, "flagos"):
-        x = torch.ones(8, device=device)
-        torch.compile(lambda t: (t * 2).sum())(x)
-    _qwen3.synchronize("flagos")
+def first_calls(spec: dict, reference: str, sizes, vocab: int, decode_mode: str) -> dict[str, dict]:
+    """device -> seconds of its first compiled prefill, decode and training step (compilation included),
+    each device in a fresh process with empty Inductor and Triton caches: in one process the second device
+    would find the first's kernels (the same Triton or C++ source) compiled already. The reference's process
+    never imports torch_fl (its training step's backward needs that on CUDA)."""
+    prompt_length, new_tokens, batch, train_length = sizes
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(
+        prompt=torch.randint(0, vocab, (1, prompt_length), generator=g),
+        decode_prompt=torch.randint(0, vocab, (1, 16), generator=g),
+        new_tokens=new_tokens,
+        train_ids=torch.randint(0, vocab, (batch, train_length), generator=g),
+        decode_mode=decode_mode,
+    )
+    results = {}
+    for device in ("flagos", reference):
+        with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
+            results[device] = _qwen3.run_in_clean_process(
+                "time_first_calls",
+                spec,
+                env=_fresh_compiler_caches(caches),
+                with_torch_fl=device == "flagos",
+                device=device,
+                **inputs,
+            )
+    return results
 
 
 def _use_config(config: str, native_file: str) -> str:
@@ -456,9 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_mode = args.decode_mode if args.compile else None
     if args.compile:
         print(f"torch.compile: Inductor, default mode; decoding step in mode {decode_mode!r}, static cache")
-        caches = tempfile.mkdtemp(prefix="torch_fl_qwen3_caches_")  # left for the process's lifetime
-        os.environ.update(_fresh_compiler_caches(caches))
-        _warm_up_compiler(reference)
+        compile_times = first_calls(spec, reference, sizes, c.vocab_size, decode_mode)
     ref = Workload(master, spec, reference, sizes, c.vocab_size, decode_mode)
     fl = Workload(master, spec, "flagos", sizes, c.vocab_size, decode_mode)
     del master
@@ -492,9 +503,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio:<14}{_paired(pairs)}")
             busy = [statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
             print(f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)")
-            if args.compile:
+            if args.compile:  # measured once, before the configs, in processes of their own
                 for name in ("prefill", "decode", "train"):
-                    r, f = ref.first_call[name], fl.first_call[name]
+                    r, f = compile_times[reference][name], compile_times["flagos"][name]
                     print(f"  {'first ' + name + ' call (s)':26}{r:12.2f}{f:12.2f}   time {f / r:.2f}")
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
             if args.top_ops:

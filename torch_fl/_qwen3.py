@@ -452,6 +452,53 @@ def time_train_steps(
     return times
 
 
+def time_first_calls(
+    master,
+    device: str,
+    prompt: torch.Tensor,
+    decode_prompt: torch.Tensor,
+    new_tokens: int,
+    train_ids,
+    decode_mode,
+) -> dict[str, float]:
+    """Seconds of the first compiled call of each workload on ``device``, compilation included: prefill
+    (``torch.compile(model)``), static-cache ``generate`` with its decoding step compiled in
+    ``decode_mode``, and the whole training step (compiled_train_step). For a process of its own with empty
+    compiler caches (benchmarks/qwen3.py): a tiny compile first takes the process's one-time costs."""
+    from transformers import CompileConfig
+
+    torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
+    synchronize(device)
+    times = {}
+
+    def first(name, fn):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times[name] = time.perf_counter() - start
+
+    model = copy_to(master, device)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        first("prefill", lambda: compiled(prompt.to(device), logits_to_keep=1))
+    config = CompileConfig(mode=decode_mode)
+    config._compile_all_devices = True
+    first(
+        "decode",
+        lambda: greedy_generate(
+            model, decode_prompt.to(device), new_tokens, cache_implementation="static", compile_config=config
+        ),
+    )
+    train_model = copy_to(master, device).train()
+    step = compiled_train_step(
+        train_model, torch.optim.AdamW(train_model.parameters(), lr=1e-5, foreach=True)
+    )
+    ids = train_ids.to(device)
+    first("train", lambda: step(ids))
+    return times
+
+
 def backward_runs_here(device: str) -> bool:
     """Whether a backward pass on ``device`` can run in this process.
 
@@ -469,17 +516,22 @@ def backward_runs_here(device: str) -> bool:
 
 _CLEAN_PROCESS_MAIN = """
 import importlib.util, sys
+if sys.argv[4] == "1":
+    import torch_fl
 spec = importlib.util.spec_from_file_location("_qwen3_clean_process", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
 spec.loader.exec_module(module)
-module._serve_clean_process(sys.argv[2], sys.argv[3])
+module._serve_clean_process(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
 """
 
 
-def run_in_clean_process(function: str, master: dict, env: dict | None = None, **kwargs):
+def run_in_clean_process(
+    function: str, master: dict, env: dict | None = None, with_torch_fl: bool = False, **kwargs
+):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
-    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here).
+    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here); with
+    ``with_torch_fl``, a fresh process that does (for flagos runs that must start cold).
 
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
     where there is one. ``env`` adds environment variables for the child. The child's output goes to this
@@ -489,7 +541,15 @@ def run_in_clean_process(function: str, master: dict, env: dict | None = None, *
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
         torch.save({"function": function, "master": master, "kwargs": kwargs}, request)
         proc = subprocess.run(
-            [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result],
+            [
+                sys.executable,
+                "-c",
+                _CLEAN_PROCESS_MAIN,
+                os.path.abspath(__file__),
+                request,
+                result,
+                "1" if with_torch_fl else "0",
+            ],
             stdout=sys.stderr,
             env={**os.environ, **(env or {})},
         )
@@ -498,10 +558,10 @@ def run_in_clean_process(function: str, master: dict, env: dict | None = None, *
         return torch.load(result, weights_only=False)
 
 
-def _serve_clean_process(request_path: str, result_path: str) -> None:
+def _serve_clean_process(request_path: str, result_path: str, with_torch_fl: bool = False) -> None:
     request = torch.load(request_path, weights_only=False)
     master = build_model(**request["master"])
     result = globals()[request["function"]](master, **request["kwargs"])
-    assert "torch_fl" not in sys.modules, "the clean process imported torch_fl"
+    assert with_torch_fl or "torch_fl" not in sys.modules, "the clean process imported torch_fl"
     torch.save(result, result_path)
     let_autograd_threads_finish()
