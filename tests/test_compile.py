@@ -395,7 +395,7 @@ class TinyBlock(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-MODULES = {  # the MLP is the training tests' model
+MODULES = {  # a whole compiled training step: tests/models/test_qwen3_compile.py
     "conv2d_bn": (
         lambda: nn.Sequential(
             nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
@@ -569,10 +569,13 @@ def test_graph_breaks_give_eager_results():
 
 
 def test_mixed_devices_and_scalars():
-    """CPU scalar tensors, a CPU input moved to flagos inside the graph, and a result copied to the CPU."""
+    """CPU scalar tensors, a CPU input and a CPU constructor moved to flagos inside the graph, and a result
+    copied to the CPU. Inductor moves CPU constructors to the process's GPU type: backed by CUDA that must
+    be flagos, or the graph would mix cuda and flagos tensors, which Inductor refuses to compile."""
 
     def fn(x, cpu_scale, cpu_bias):
-        y = x * cpu_scale + cpu_bias.to(x.device)
+        positions = torch.arange(x.shape[-1], dtype=x.dtype).to(x.device)
+        y = x * cpu_scale + cpu_bias.to(x.device) + positions
         return y, y.sum().cpu()
 
     args = (rand(4, 8), torch.tensor(3.0), torch.randn(8))
