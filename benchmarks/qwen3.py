@@ -17,6 +17,17 @@ its range say how far one run's ratio can be trusted.
   ``_qwen3.backward_runs_here``), so against CUDA the reference's steps run in a fresh process on the same
   GPU, before flagos's, not interleaved with them.
 
+``--compile``: the same three measurements under ``torch.compile`` (Inductor, default mode) on both devices:
+prefill through the compiled model, decode through ``generate`` with a static cache and its decoding step
+compiled (a ``CompileConfig`` in ``--decode-mode``, reduce-overhead by default, on both devices), and the
+whole training step compiled (``_qwen3.compiled_train_step``); the reference's compiled training runs in
+a process of its own as above. Compiled runs warm up twice. Also the first call of each, compilation
+included, on each device in a fresh process with empty Inductor and Triton caches (in one process the
+second device would find the first's kernels compiled: they are the same Triton or C++ source). Inductor
+has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's compiled
+prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which Qwen3's graphs
+do not have.
+
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
 (``torch_fl.routing.load_config``; see docs/routing.md).
@@ -40,6 +51,7 @@ run. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos
 
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
+                               [--compile [--decode-mode reduce-overhead|default|...]]
     python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
@@ -101,15 +113,31 @@ class _DecodeClock:
 class Workload:
     """The three measurements for one device."""
 
-    def __init__(self, master, spec: dict, device: str, sizes: tuple[int, int, int, int], vocab: int):
+    def __init__(
+        self,
+        master,
+        spec: dict,
+        device: str,
+        sizes: tuple[int, int, int, int],
+        vocab: int,
+        decode_mode: str | None = None,
+    ):
         prompt_length, self.new_tokens, batch, train_length = sizes
         self.device = device
         self.spec = spec  # how to build `master` again (_qwen3.build_model's arguments)
+        # decode_mode None: eager; else torch.compile everywhere, generate's decoding step in this mode
+        self.decode_mode = decode_mode
         self.model = _qwen3.copy_to(master, device)
+        self.prefill_model = torch.compile(self.model) if decode_mode else self.model
         self.trains_here = _qwen3.backward_runs_here(device)
         if self.trains_here:
             self.train_model = _qwen3.copy_to(master, device).train()
             self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
+            self.train_step = (
+                _qwen3.compiled_train_step(self.train_model, self.opt)
+                if decode_mode
+                else (lambda ids: _qwen3.train_step(self.train_model, self.opt, ids))
+            )
         g = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(0, vocab, (1, prompt_length), generator=g).to(device)
         self.decode_prompt = torch.randint(0, vocab, (1, 16), generator=g).to(device)
@@ -120,7 +148,7 @@ class Workload:
     def prefill(self) -> float:
         def run():
             with torch.no_grad():
-                self.model(self.prompt, logits_to_keep=1)
+                self.prefill_model(self.prompt, logits_to_keep=1)
 
         return _timed(run, self.device)
 
@@ -129,30 +157,58 @@ class Workload:
         ``decode_busy`` the share of the run's wall time this thread spent on the CPU: near 1, decoding is
         host-bound (the GPU waits for the host, which pays every op's host cost in full)."""
         clock = self.clock.new()
+        generation = {}
+        if self.decode_mode:
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig(mode=self.decode_mode)
+            compile_config._compile_all_devices = True  # transformers compiles on cuda-like devices only
+            generation = dict(cache_implementation="static", compile_config=compile_config)
         _qwen3.synchronize(self.device)
         wall, cpu = time.perf_counter(), time.thread_time()
-        _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock)
+        _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock, **generation)
         _qwen3.synchronize(self.device)
         self.decode_busy.append((time.thread_time() - cpu) / (time.perf_counter() - wall))
         return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
     def train(self) -> float:
         ids = self.train_ids.to(self.device)
-        return _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
+        return _timed(lambda: self.train_step(ids), self.device)
 
     def train_elsewhere(self, repeats: int) -> list[float]:
-        """Step times from a fresh process without torch_fl (one warm-up step, then ``repeats``)."""
-        return _qwen3.run_in_clean_process(
-            "time_train_steps", self.spec, device=self.device, ids=self.train_ids, repeats=repeats
-        )
+        """Step times from a fresh process without torch_fl (one warm-up step, two compiled, then
+        ``repeats``), with empty compiler caches of its own when compiling."""
+        compile = self.decode_mode is not None
+        warmup = 2 if compile else 1  # as measure() warms up
+        with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
+            env = _fresh_compiler_caches(caches) if compile else None
+            times = _qwen3.run_in_clean_process(
+                "time_train_steps",
+                self.spec,
+                env=env,
+                device=self.device,
+                ids=self.train_ids,
+                repeats=repeats,
+                compile=compile,
+                warmup=warmup,
+            )
+        return times[warmup:]
+
+
+def _fresh_compiler_caches(folder: str) -> dict[str, str]:
+    """Environment variables giving Inductor and Triton empty caches under ``folder``."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+    }
 
 
 def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float, list[float]]]:
     """name -> (median on the reference, median on flagos, flagos/reference ratio of each repeat's pair).
 
-    One warm-up each, then ``repeats`` pairs of runs, one on each device back to back, the order swapped
-    from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike and each
-    pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
+    One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
+    order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
+    and each pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
     process of its own: no pairs then (an empty list)."""
     results = {}
     for workload in (ref, fl):
@@ -165,7 +221,10 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
             samples["ref"] = ref.train_elsewhere(repeats)
             workloads = [("fl", fl)]
             paired = False
-        for repeat in range(-1, repeats):  # -1: the warm-up
+        # Negative repeats warm up; compiled, twice: a second generate recompiles its decoding step once more
+        # (the static cache's new tensors).
+        warmups = 2 if fl.decode_mode else 1
+        for repeat in range(-warmups, repeats):
             for key, workload in workloads if repeat % 2 else workloads[::-1]:
                 value = getattr(workload, name)()
                 if repeat >= 0:
@@ -310,6 +369,34 @@ def host_diff(ref: Workload, fl: Workload, n: int) -> None:
         print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
 
 
+def first_calls(spec: dict, reference: str, sizes, vocab: int, decode_mode: str) -> dict[str, dict]:
+    """device -> seconds of its first compiled prefill, decode and training step (compilation included),
+    each device in a fresh process with empty Inductor and Triton caches: in one process the second device
+    would find the first's kernels (the same Triton or C++ source) compiled already. The reference's process
+    never imports torch_fl (its training step's backward needs that on CUDA)."""
+    prompt_length, new_tokens, batch, train_length = sizes
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(
+        prompt=torch.randint(0, vocab, (1, prompt_length), generator=g),
+        decode_prompt=torch.randint(0, vocab, (1, 16), generator=g),
+        new_tokens=new_tokens,
+        train_ids=torch.randint(0, vocab, (batch, train_length), generator=g),
+        decode_mode=decode_mode,
+    )
+    results = {}
+    for device in ("flagos", reference):
+        with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
+            results[device] = _qwen3.run_in_clean_process(
+                "time_first_calls",
+                spec,
+                env=_fresh_compiler_caches(caches),
+                with_torch_fl=device == "flagos",
+                device=device,
+                **inputs,
+            )
+    return results
+
+
 def _use_config(config: str, native_file: str) -> str:
     """Resets routing and loads ``config``; returns how to name it."""
     torch_fl.routing.reset(all=True)
@@ -418,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--top-ops", type=int, default=0, metavar="N", help="profile flagos, list the N costliest aten ops"
     )
+    parser.add_argument("--compile", action="store_true", help="measure under torch.compile on both devices")
+    parser.add_argument(
+        "--decode-mode",
+        default="reduce-overhead",
+        help="with --compile: the torch.compile mode of generate's decoding step (static cache)",
+    )
     parser.add_argument(
         "--host-diff",
         type=int,
@@ -467,8 +560,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.graphs:
         return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats)
-    ref = Workload(master, spec, reference, sizes, c.vocab_size)
-    fl = Workload(master, spec, "flagos", sizes, c.vocab_size)
+    decode_mode = args.decode_mode if args.compile else None
+    if args.compile:
+        print(f"torch.compile: Inductor, default mode; decoding step in mode {decode_mode!r}, static cache")
+        compile_times = first_calls(spec, reference, sizes, c.vocab_size, decode_mode)
+    ref = Workload(master, spec, reference, sizes, c.vocab_size, decode_mode)
+    fl = Workload(master, spec, "flagos", sizes, c.vocab_size, decode_mode)
     del master
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -500,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio:<14}{_paired(pairs)}")
             busy = [statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
             print(f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)")
+            if args.compile:  # measured once, before the configs, in processes of their own
+                for name in ("prefill", "decode", "train"):
+                    r, f = compile_times[reference][name], compile_times["flagos"][name]
+                    print(f"  {'first ' + name + ' call (s)':26}{r:12.2f}{f:12.2f}   time {f / r:.2f}")
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
             if args.top_ops:
                 top_ops(fl, args.top_ops)

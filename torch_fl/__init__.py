@@ -12,6 +12,8 @@
   allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
 - A CUDA backward pass fails in a process that imported torch_fl when flagos is backed by CUDA
   (pytorch/pytorch#161129, docs/design.md); flagos training is unaffected.
+- The first ``torch.compile`` registers flagos with Dynamo and Inductor (torch_fl/_compile); backed by
+  CUDA, flagos is then Inductor's one GPU type in the process (docs/compile.md).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ except _metadata.PackageNotFoundError:
 
 torch._register_device_module(_BACKEND_NAME, flagos)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+# torch.compile: registered lazily, when Inductor first asks torch.flagos for its classes; at once only if
+# torch's compiler is loaded already (torch_fl/_compile/__init__.py).
+from torch_fl import _compile  # noqa: E402
+
+_compile.register_if_loaded()
 
 # routing validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or
 # variable); distributed registers the flagos c10d backend (torch.distributed is loaded by `import torch`

@@ -300,10 +300,11 @@ def greedy_divergence(
 
 
 def greedy_generate(
-    model, input_ids: torch.Tensor, new_tokens: int, *, fixed_length: bool = True, streamer=None
+    model, input_ids: torch.Tensor, new_tokens: int, *, fixed_length: bool = True, streamer=None, **generation
 ):
     """Greedy ``generate`` returning a ``GenerateDecoderOnlyOutput`` with ``sequences`` and per-step
-    ``logits``. ``fixed_length`` generates exactly ``new_tokens`` (end-of-sequence tokens suppressed)."""
+    ``logits``. ``fixed_length`` generates exactly ``new_tokens`` (end-of-sequence tokens suppressed);
+    ``generation`` adds ``GenerationConfig`` fields (``cache_implementation="static"``, ``compile_config``)."""
     from transformers import GenerationConfig
 
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -318,6 +319,7 @@ def greedy_generate(
         pad_token_id=pad,
         output_logits=True,
         return_dict_in_generate=True,
+        **generation,
     )
     with torch.no_grad():
         return model.generate(
@@ -379,6 +381,17 @@ def train_step(model, optimizer, ids: torch.Tensor, *, autocast: bool = False):
     return out
 
 
+def compiled_train_step(model, optimizer, *, autocast: bool = False):
+    """:func:`train_step` as one ``torch.compile``d function of ``ids``: the forward (and its backward,
+    through AOTAutograd) and ``optimizer.step()`` compiled by Inductor; ``backward()`` itself breaks the graph
+    and runs the compiled backward."""
+
+    def step(ids: torch.Tensor):
+        return train_step(model, optimizer, ids, autocast=autocast)
+
+    return torch.compile(step)
+
+
 def train(
     master,
     device: str,
@@ -389,16 +402,23 @@ def train(
     lr: float,
     foreach: bool,
     autocast: bool = False,
+    compile: bool = False,
 ) -> dict:
-    """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype``. Returns plain data (it
-    crosses processes, see run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU),
-    ``logits_dtype`` of the last step and ``state_devices``, the device types of the optimizer's state."""
+    """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype`` (the whole step compiled
+    with ``compile``, see compiled_train_step). Returns plain data (it crosses processes, see
+    run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU), ``logits_dtype`` of the last
+    step and ``state_devices``, the device types of the optimizer's state."""
     model = copy_to(master, device, dtype).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
     ids = ids.to(device)
+    step = (
+        compiled_train_step(model, optimizer, autocast=autocast)
+        if compile
+        else (lambda batch: train_step(model, optimizer, batch, autocast=autocast))
+    )
     losses = []
     for _ in range(steps):
-        out = train_step(model, optimizer, ids, autocast=autocast)
+        out = step(ids)
         losses.append(out.loss.item())
     state_devices = sorted(
         {
@@ -412,20 +432,70 @@ def train(
     return dict(losses=losses, weights=weights, logits_dtype=out.logits.dtype, state_devices=state_devices)
 
 
-def time_train_steps(master, device: str, ids: torch.Tensor, repeats: int) -> list[float]:
-    """Seconds per training step (forward, backward, foreach AdamW) of a copy of ``master`` on ``device``:
-    one warm-up step, then ``repeats`` timed ones."""
+def time_train_steps(
+    master, device: str, ids: torch.Tensor, repeats: int, compile: bool = False, warmup: int = 1
+) -> list[float]:
+    """Seconds of each training step (forward, backward, foreach AdamW) of a copy of ``master`` on
+    ``device`` (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` steps first
+    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first."""
     model = copy_to(master, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = ids.to(device)
+    step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
     times = []
-    for i in range(repeats + 1):
+    for _ in range(repeats + warmup):
         synchronize(device)
         start = time.perf_counter()
-        train_step(model, optimizer, ids)
+        step(ids)
         synchronize(device)
-        if i:
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def time_first_calls(
+    master,
+    device: str,
+    prompt: torch.Tensor,
+    decode_prompt: torch.Tensor,
+    new_tokens: int,
+    train_ids,
+    decode_mode,
+) -> dict[str, float]:
+    """Seconds of the first compiled call of each workload on ``device``, compilation included: prefill
+    (``torch.compile(model)``), static-cache ``generate`` with its decoding step compiled in
+    ``decode_mode``, and the whole training step (compiled_train_step). For a process of its own with empty
+    compiler caches (benchmarks/qwen3.py): a tiny compile first takes the process's one-time costs."""
+    from transformers import CompileConfig
+
+    torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
+    synchronize(device)
+    times = {}
+
+    def first(name, fn):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times[name] = time.perf_counter() - start
+
+    model = copy_to(master, device)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        first("prefill", lambda: compiled(prompt.to(device), logits_to_keep=1))
+    config = CompileConfig(mode=decode_mode)
+    config._compile_all_devices = True
+    first(
+        "decode",
+        lambda: greedy_generate(
+            model, decode_prompt.to(device), new_tokens, cache_implementation="static", compile_config=config
+        ),
+    )
+    train_model = copy_to(master, device).train()
+    step = compiled_train_step(
+        train_model, torch.optim.AdamW(train_model.parameters(), lr=1e-5, foreach=True)
+    )
+    ids = train_ids.to(device)
+    first("train", lambda: step(ids))
     return times
 
 
@@ -446,11 +516,13 @@ def backward_runs_here(device: str) -> bool:
 
 _CLEAN_PROCESS_MAIN = """
 import importlib.util, sys
+if sys.argv[4] == "1":
+    import torch_fl
 spec = importlib.util.spec_from_file_location("_qwen3_clean_process", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
 spec.loader.exec_module(module)
-module._serve_clean_process(sys.argv[2], sys.argv[3])
+module._serve_clean_process(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
 """
 
 
@@ -484,30 +556,42 @@ def hf_static_decode_seconds(
     return [(run(tokens[1]) - run(tokens[0])) / (tokens[1] - tokens[0]) for _ in range(repeats)]
 
 
-def run_in_clean_process(function: str, master: dict, **kwargs):
+def run_in_clean_process(
+    function: str, master: dict, env: dict | None = None, with_torch_fl: bool = False, **kwargs
+):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
-    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here).
+    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here); with
+    ``with_torch_fl``, a fresh process that does (for flagos runs that must start cold).
 
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
-    where there is one. The child's output goes to this process's stderr; a failure raises RuntimeError
-    with the child's exit code."""
+    where there is one. ``env`` adds environment variables for the child. The child's output goes to this
+    process's stderr; a failure raises RuntimeError with the child's exit code."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
         torch.save({"function": function, "master": master, "kwargs": kwargs}, request)
         proc = subprocess.run(
-            [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result],
+            [
+                sys.executable,
+                "-c",
+                _CLEAN_PROCESS_MAIN,
+                os.path.abspath(__file__),
+                request,
+                result,
+                "1" if with_torch_fl else "0",
+            ],
             stdout=sys.stderr,
+            env={**os.environ, **(env or {})},
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{function} in a clean process failed with exit code {proc.returncode}")
         return torch.load(result, weights_only=False)
 
 
-def _serve_clean_process(request_path: str, result_path: str) -> None:
+def _serve_clean_process(request_path: str, result_path: str, with_torch_fl: bool = False) -> None:
     request = torch.load(request_path, weights_only=False)
     master = build_model(**request["master"])
     result = globals()[request["function"]](master, **request["kwargs"])
-    assert "torch_fl" not in sys.modules, "the clean process imported torch_fl"
+    assert with_torch_fl or "torch_fl" not in sys.modules, "the clean process imported torch_fl"
     torch.save(result, result_path)
     let_autograd_threads_finish()

@@ -6,6 +6,10 @@
 #                               # Qwen3 0.6B tests (native route; FlagGems config), FlagGems GPU tests,
 #                               # model-shape sweep of the shipped FlagGems config
 #   scripts/gpu/all.sh bench    # ~6 minutes: op overhead, copies, Qwen3 (both configs), FlagGems overhead
+#   scripts/gpu/all.sh compile  # torch.compile (docs/compile.md): tests/test_compile.py on the cuda
+#                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
+#                               # accelerator (torch 2.11's Inductor with the C++-kernel adapter), in parallel
+#   scripts/gpu/all.sh compile-bench  # benchmarks/qwen3.py --compile, alone on the GPU
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
@@ -14,7 +18,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mode=${1:-}
-[[ "$mode" == verify || "$mode" == bench ]] || { echo "usage: scripts/gpu/all.sh verify|bench" >&2; exit 2; }
+[[ "$mode" =~ ^(verify|bench|compile|compile-bench)$ ]] \
+  || { echo "usage: scripts/gpu/all.sh verify|bench|compile|compile-bench" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 L=$(mktemp -d /tmp/gpu_all.XXXX)
 DEST=${OUT:-gpu-logs}
@@ -46,6 +51,7 @@ if [ "$mode" = verify ]; then
   # rest, not after the model-shape sweep: after it, it ran out of time twice (it needs ~400 s).
   FLAGOS_BACKEND_CONFIG=$PWD/$config FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q \
     -p no:cacheprovider -rfE --tb=short --durations=8 -k "not clean_process" tests/models \
+    --ignore=tests/models/test_qwen3_compile.py \
     > "$L/models-flaggems.log" 2>&1 &
   timeout $(left 540) python3 -m pytest tests/test_flaggems_gpu.py -q -p no:cacheprovider -rfEX --tb=short \
     --durations=10 -o faulthandler_timeout=200 > "$L/flaggems-gpu.log" 2>&1
@@ -56,6 +62,29 @@ if [ "$mode" = verify ]; then
   summary models-native.log; summary models-native-training.log; summary models-flaggems.log
   summary flaggems-gpu.log
   echo "---- model-shape sweep of $config"; grep -E "flaggems_model_sweep \[" "$L/flaggems.out" | tail -2
+  exit 0
+fi
+
+if [ "$mode" = compile ]; then
+  echo "== [$SECONDS s] in parallel: compile tests (cuda), Qwen3 0.6B compiled, compile tests (sim, GPU hidden)"
+  timeout $(left 560) python3 -m pytest tests/test_compile.py -q -p no:cacheprovider -rfEs --tb=short \
+    --durations=10 > "$L/compile-cuda.log" 2>&1 &
+  FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest tests/models/test_qwen3_compile.py -q \
+    -p no:cacheprovider -rfE --tb=short --durations=5 > "$L/compile-qwen3-0.6b.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim timeout $(left 560) python3 -m pytest tests/test_compile.py \
+    tests/models/test_qwen3_compile.py -q -p no:cacheprovider -rfE --tb=short --durations=5 \
+    > "$L/compile-sim.log" 2>&1
+  wait
+  echo "== [$SECONDS s] done"
+  summary compile-cuda.log; summary compile-qwen3-0.6b.log; summary compile-sim.log
+  exit 0
+fi
+if [ "$mode" = compile-bench ]; then
+  echo "== [$SECONDS s] Qwen3 under torch.compile, flagos against cuda, alone on the GPU"
+  timeout $(left 570) python3 benchmarks/qwen3.py --compile --repeats 3 2>&1 | grep -v USDT \
+    | tee "$L/qwen3-compile.log" | tail -30
+  pkill -f _qwen3_clean_process || true
+  echo "== [$SECONDS s] done"
   exit 0
 fi
 

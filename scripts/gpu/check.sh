@@ -85,7 +85,8 @@ if want bench; then
 fi
 if want models; then
   echo "== Qwen3 at the 0.6B shape (bf16) on flagos (cuda route) against cuda"
-  FLAGOS_QWEN3_SHAPE=0.6b timeout 300 python3 -m pytest tests/models -q -p no:cacheprovider 2>&1 \
+  FLAGOS_QWEN3_SHAPE=0.6b timeout 300 python3 -m pytest tests/models -q -p no:cacheprovider \
+    --ignore=tests/models/test_qwen3_compile.py 2>&1 \
     | tee "$LOGS/pytest-models.log" | tail -15
   timeout 150 python3 -m torch_fl.demo 2>&1 | tee "$LOGS/demo.log" | tail -25
   timeout 240 python3 benchmarks/qwen3.py --repeats 3 2>&1 | tee "$LOGS/qwen3.log" | tail -25

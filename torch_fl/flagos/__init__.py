@@ -284,6 +284,19 @@ def _stream_priority_range() -> tuple[int, int]:
     return tuple(_C._stream_priority_range())
 
 
+# --- torch.compile ---------------------------------------------------------------------------------------
+
+
+def __getattr__(name: str):
+    # Inductor's PrivateUse1 hook reads these the first time it compiles (init_backend_registration):
+    # torch.compile is registered for flagos then, not at import (torch_fl/_compile/__init__.py says why).
+    from torch_fl import _compile
+
+    if name in _compile.INDUCTOR_NAMES:
+        return _compile.inductor_class(name)
+    raise AttributeError(f"module 'torch.flagos' has no attribute '{name}'")
+
+
 __all__ = [
     "FlagosGraph",
     "Graph",

@@ -7,7 +7,8 @@
 // its own rules (dtypes, shapes, masks, dropout, GQA, the hardware) and torch's global SDPA settings
 // (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_*_sdp), exactly as for its own tensors. The
 // composite then calls the chosen fused op on the flagos tensors, which the router serves in turn, and
-// autograd records that op, so the backward op is routed too.
+// autograd records that op, so the backward op is routed too. While torch.compile traces (fake tensors),
+// the same device makes the choice from the tensors' metadata, without the operator.
 #include "ops/kernels/attention.h"
 
 #include <ATen/SDPBackend.h>
@@ -17,6 +18,10 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
 #include <cmath>
@@ -72,6 +77,44 @@ const FusedOps& fused_ops(SDPBackend backend, bool cuda_flash) {
   }
 }
 
+// A tensor of device type `type` with no memory and `t`'s dtype, geometry (symbolic sizes included) and
+// requires_grad: all a device's attention choice reads.
+Tensor metadata_stand_in(const Tensor& t, c10::DeviceType type) {
+  const c10::Device device(type, type == c10::DeviceType::CPU ? -1 : t.device().index());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device), nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, t.layout(), device)),
+      t.dtype());
+  impl->set_sizes_and_strides(t.sym_sizes(), t.sym_strides(), t.sym_storage_offset());
+  Tensor out(std::move(impl));
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+// Tensors with no flagos memory behind them: FakeTensors and functional wrappers while torch.compile traces
+// (Dynamo, AOTAutograd, Inductor's pattern matcher), and other Python tensor subclasses.
+bool is_python_tensor(const Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python);
+}
+
+// The choice `type`'s own kernel of aten::_fused_sdp_choice makes for tensors like these, from their
+// metadata, unseen by the tracer: a traced choice would stay in the graph as a node of no tensor (which
+// Inductor's partitioner rejects), and a fake tensor's choice is always math where real ones get the fused
+// kernel. Python keys excluded, the call goes to `type`'s kernel (which reads metadata only) and to no
+// torch_dispatch mode (FakeTensorMode, the tracer).
+int64_t choice_from_metadata(c10::DeviceType type, const Tensor& query, const Tensor& key,
+                             const Tensor& value, const std::optional<Tensor>& attn_mask, double dropout_p,
+                             bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  std::optional<Tensor> mask;
+  if (attn_mask.has_value() && attn_mask->defined()) mask = metadata_stand_in(*attn_mask, type);
+  const Tensor q = metadata_stand_in(query, type);
+  const Tensor k = metadata_stand_in(key, type);
+  const Tensor v = metadata_stand_in(value, type);
+  const c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  return at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -80,9 +123,14 @@ int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& v
   static const c10::OperatorHandle choice_op =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::_fused_sdp_choice", "");
   // Through the dispatcher, so that the router serves it (and routing rules, explain, counts and the
-  // dispatch log apply to the choice too).
+  // dispatch log apply to the choice too). Traced tensors: the choice the device the router names would
+  // make for real ones (the CPU for the cpu route, else the native device).
+  const bool traced = is_python_tensor(query) || is_python_tensor(key) || is_python_tensor(value);
   const int64_t choice =
-      at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+      traced ? choice_from_metadata(route_for(choice_op) == Backend::kCpu ? c10::DeviceType::CPU
+                                                                          : runtime::native_device().type,
+                                    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+             : at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
   const auto backend = static_cast<SDPBackend>(choice);
   if (backend != SDPBackend::flash_attention && backend != SDPBackend::efficient_attention &&
       backend != SDPBackend::cudnn_attention) {

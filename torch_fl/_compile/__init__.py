@@ -1,0 +1,181 @@
+"""torch.compile on flagos: Dynamo's device interface and Inductor's backend for the flagos device.
+
+What is registered depends on the accelerator behind flagos (``flavour()``):
+
+- ``"triton"``, flagos backed by torch's CUDA: Inductor generates Triton kernels for flagos tensors, launched
+  on flagos's current stream (which is CUDA's), exactly as it does for cuda tensors (``backed.py``);
+- ``"cpp"``, flagos on a HAL of its own (the simulated accelerator): Inductor's C++ kernels over flagos's
+  host memory, each waiting for the work queued on the device's current stream first, as the native route's
+  host kernels do (``host_kernels.py``).
+
+Either way the graph's tensors stay flagos tensors (extern kernels such as ``mm`` reach flagos's router like
+eager ops; autograd sees only flagos tensors) and the registration goes through torch's extension points:
+``register_interface_for_device``, ``register_backend_for_device``, ``register_device_op_overrides``. Where
+torch has none, ``adapters.py`` holds a narrow, version-guarded adapter (docs/design.md, "torch.compile").
+
+When. Importing torch's compiler costs about a second, so ``import torch_fl`` does not: Inductor asks the
+PrivateUse1 device module for ``Scheduling``, ``PythonWrapperCodegen``, ``CppWrapperCodegen`` and
+``WrapperFxCodegen`` the first time it compiles anything (``init_backend_registration``), and
+``torch.flagos``'s module ``__getattr__`` answers through :func:`inductor_class`, which registers everything
+first. Where torch's compiler is already loaded when torch_fl is imported (that hook may then have run
+already), ``import torch_fl`` registers at once (:func:`register_if_loaded`). A default ``torch.compile(model)``
+and ``backend="inductor"`` therefore just work.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from torch_fl import _C
+
+DEVICE_TYPE = "flagos"
+# The names Inductor's PrivateUse1 hook reads from torch.flagos (torch/_inductor/codegen/common.py).
+INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+_lock = threading.RLock()
+_interface_registered = False
+_inductor_classes: dict[str, object] | None = None
+_adapters: list[str] = []
+_warned_cudagraphs = False
+
+
+def flavour() -> str | None:
+    """Which kernels Inductor generates for flagos in this process: ``"triton"`` (backed by CUDA), ``"cpp"``
+    (host kernels on a HAL accelerator), or None where flagos has no usable accelerator. Selects the
+    accelerator (loads its HAL) without initialising the device."""
+    backing = _C._backing_type()
+    if backing == "cuda":
+        return "triton"
+    if backing is None and _C._accelerator_name() is not None:
+        return "cpp"
+    return None  # no accelerator, or a backing device type torch_fl has no Inductor flavour for
+
+
+def _flavour_module(kind: str):
+    if kind == "triton":
+        from torch_fl._compile import backed
+
+        return backed
+    from torch_fl._compile import host_kernels
+
+    return host_kernels
+
+
+def warn_if_cudagraphs_requested(accelerator: str) -> None:
+    """Once per process, where CUDA graphs were asked for (``mode="reduce-overhead"``,
+    ``triton.cudagraphs``): Inductor's CUDA-graph trees take graphs of device type cuda only, so a flagos
+    graph runs without graph replay, and Inductor says so only in its ``cudagraph_skips`` counter."""
+    import warnings
+
+    from torch._inductor import config
+
+    global _warned_cudagraphs
+    if _warned_cudagraphs or not config.triton.cudagraphs:
+        return
+    _warned_cudagraphs = True
+    warnings.warn(
+        f"torch.compile: CUDA graphs (mode='reduce-overhead') are not replayed for '{DEVICE_TYPE}' graphs on "
+        f"{accelerator}: the compiled graph runs without them (Inductor's CUDA-graph trees take device type "
+        f"cuda only; torch._dynamo.utils.counters['inductor']['cudagraph_skips'] counts the graphs)",
+        stacklevel=2,
+    )
+
+
+def unsupported_cpp_wrapper(device_type: str, accelerator: str) -> type:
+    """The C++ wrapper (``cpp_wrapper=True``, AOTInductor) flagos does not have on ``accelerator``: a class
+    whose ``create`` raises, so such a compile fails naming the reason instead of generating wrong code."""
+
+    class CppWrapperUnsupported:
+        supports_caching = False  # read by Inductor before it creates the wrapper
+
+        @staticmethod
+        def create(*args, **kwargs):
+            raise NotImplementedError(
+                f"torch.compile with cpp_wrapper=True (and AOTInductor) is not supported for the "
+                f"'{device_type}' device on {accelerator}; the default Python wrapper is "
+                f"(torch._inductor.config.cpp_wrapper = False)"
+            )
+
+    return CppWrapperUnsupported
+
+
+def register_backend(device_type: str, scheduling, wrapper, cpp_wrapper, fx_wrapper=None) -> None:
+    """``register_backend_for_device``, passing the FX wrapper only to a torch whose signature has it."""
+    import inspect
+
+    from torch._inductor.codegen.common import register_backend_for_device
+
+    kwargs = {}
+    if (
+        fx_wrapper is not None
+        and "device_fx_wrapper_codegen" in inspect.signature(register_backend_for_device).parameters
+    ):
+        kwargs["device_fx_wrapper_codegen"] = fx_wrapper
+    register_backend_for_device(device_type, scheduling, wrapper, cpp_wrapper, **kwargs)
+
+
+def register_device_interface() -> bool:
+    """Registers flagos's Dynamo ``DeviceInterface`` (imports torch._dynamo). False where flagos has no
+    accelerator."""
+    global _interface_registered
+    kind = flavour()
+    if kind is None:
+        return False
+    with _lock:
+        if not _interface_registered:
+            from torch._dynamo.device_interface import register_interface_for_device
+
+            from torch_fl._compile.device_interface import interface_for
+
+            interface = interface_for(kind)
+            register_interface_for_device(DEVICE_TYPE, interface)
+            for index in range(_C._device_count()):
+                register_interface_for_device(f"{DEVICE_TYPE}:{index}", interface)
+            _interface_registered = True
+    return True
+
+
+def register_inductor() -> dict[str, object] | None:
+    """Registers Inductor's backend for flagos (and the device interface it needs); returns the classes
+    published on torch.flagos, or None where flagos has no accelerator. Idempotent."""
+    global _inductor_classes
+    kind = flavour()
+    if kind is None:
+        return None
+    with _lock:
+        if _inductor_classes is None:
+            register_device_interface()
+            classes, adapters = _flavour_module(kind).register(DEVICE_TYPE)
+            _adapters.extend(adapters)
+            _inductor_classes = classes
+    return _inductor_classes
+
+
+def inductor_class(name: str):
+    """``torch.flagos.<name>`` for Inductor's PrivateUse1 hook: registers, then returns the class. Raises
+    AttributeError where flagos has no accelerator (the hook then leaves flagos unregistered)."""
+    classes = register_inductor()
+    if classes is None or classes.get(name) is None:
+        raise AttributeError(f"module 'torch.flagos' has no attribute '{name}' (no flagos accelerator)")
+    return classes[name]
+
+
+def register_if_loaded() -> None:
+    """At ``import torch_fl``: registers now what torch's already loaded compiler needs (Inductor's hook may
+    have run before torch_fl existed); registers nothing and imports nothing otherwise."""
+    if "torch._inductor.codegen.common" in sys.modules:
+        register_inductor()
+    elif "torch._dynamo.device_interface" in sys.modules:
+        register_device_interface()
+
+
+def status() -> dict:
+    """What is registered: ``flavour``, ``device_interface`` and ``inductor`` (bools) and the ``adapters``
+    installed (docs/design.md lists them)."""
+    return {
+        "flavour": flavour(),
+        "device_interface": _interface_registered,
+        "inductor": _inductor_classes is not None,
+        "adapters": list(_adapters),
+    }

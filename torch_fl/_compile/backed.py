@@ -1,0 +1,78 @@
+"""Inductor for flagos backed by torch's CUDA: Triton kernels, as for cuda tensors.
+
+flagos memory is CUDA memory, flagos's current stream is CUDA's current stream and flagos device i is CUDA
+device i (docs/design.md, "The backed mode"), so flagos takes CUDA's whole Inductor pipeline under its own
+device name: CUDA's scheduling (Triton, or Halide per ``config.cuda_backend``), the Python wrapper and
+CUDA's device op overrides (``torch.cuda._DeviceGuard``, ``torch.cuda.set_device``,
+``torch.cuda.synchronize`` and ``_cuda_getCurrentRawStream``: on this device's CUDA state, which is
+flagos's). The graph's tensors stay flagos tensors: Triton kernels take their data pointers, extern kernels
+are flagos operators served by flagos's router, and autograd never sees a cuda-typed alias (a backward
+graph of cuda nodes would have no streams, pytorch/pytorch#161129).
+
+Two adapters (``adapters.py``) tell Inductor what it has no registration for: flagos is a GPU type (and the
+process's one GPU type, so constants and CPU constructors move to flagos), and Triton compiles for the
+CUDA device under the flagos device.
+"""
+
+from __future__ import annotations
+
+from torch._inductor import config
+from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
+from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+
+from torch_fl._compile import register_backend, unsupported_cpp_wrapper, warn_if_cudagraphs_requested
+from torch_fl._compile.adapters import register_gpu_type, report_as_cuda_to_triton
+
+try:  # Halide scheduling: where this torch has it (config.cuda_backend = "halide")
+    from torch._inductor.codegen.halide import HalideScheduling
+except ImportError:  # pragma: no cover
+    HalideScheduling = None
+try:  # the FX wrapper (config.fx_wrapper): where this torch has it
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+except ImportError:  # pragma: no cover
+    WrapperFxCodegen = None
+
+
+class BackedWrapperCodegen(PythonWrapperCodegen):
+    """CUDA's Python wrapper; says once when CUDA graphs were asked for and are not replayed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        warn_if_cudagraphs_requested("CUDA")
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
+        if is_subgraph:
+            return SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return BackedWrapperCodegen()
+
+
+def scheduling(scheduler):
+    """CUDA's scheduling for the backend ``config.cuda_backend`` names, as torch registers it for cuda."""
+    backends = {"triton": CUDACombinedScheduling}
+    if HalideScheduling is not None:
+        backends["halide"] = HalideScheduling
+    if config.cuda_backend not in backends:
+        raise RuntimeError(
+            f"torch._inductor.config.cuda_backend={config.cuda_backend!r} is not one flagos has"
+        )
+    return backends[config.cuda_backend](scheduler)
+
+
+def register(device_type: str) -> tuple[dict[str, object], list[str]]:
+    """Registers CUDA's Inductor backend for ``device_type``; returns the classes published on torch.flagos
+    and the adapters installed."""
+    adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type)
+    # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
+    register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
+    classes = {
+        "Scheduling": scheduling,
+        "PythonWrapperCodegen": BackedWrapperCodegen,
+        "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "CUDA"),
+        "WrapperFxCodegen": WrapperFxCodegen,
+    }
+    register_backend(
+        device_type, scheduling, BackedWrapperCodegen, classes["CppWrapperCodegen"], WrapperFxCodegen
+    )
+    return classes, adapters

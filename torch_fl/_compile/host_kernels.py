@@ -1,0 +1,121 @@
+"""Inductor for flagos on a HAL accelerator (the simulated one): C++ kernels over flagos's host memory.
+
+Inductor's own CPU kernel generator (``CppScheduling``) compiles the graph's kernels; the graph keeps its
+flagos tensors, so buffers are flagos memory from flagos's caching allocator and extern kernels (``mm``,
+fallbacks) are flagos operators that flagos's router serves like eager ones. What differs from a CPU graph
+is in the wrapper code (:class:`HostKernelWrapperCodegen`):
+
+- each C++ kernel call is preceded by a wait for the work queued on its device's current stream: the
+  accelerator runs copies and memsets as stream tasks on worker threads, and a kernel reading flagos memory
+  now, on this thread, must see them, as the native route's host kernels do (ops/routes/native_call.cpp,
+  ``NativeCall::run``); waiting on an idle stream takes no lock;
+- buffers are allocated on the graph's device by index (Inductor emits a device guard only for GPU types,
+  so ``device='flagos'`` alone would mean the current device).
+
+Inductor takes the device for a GPU unless told otherwise; ``adapters.classify_as_cpu`` makes it classify
+flagos like the CPU, whose kernels these are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.virtualized import V
+
+from torch_fl._compile import (
+    DEVICE_TYPE,
+    register_backend,
+    unsupported_cpp_wrapper,
+    warn_if_cudagraphs_requested,
+)
+from torch_fl._compile.adapters import classify_as_cpu
+
+# The name generated code calls the wait by (imported in the module's header).
+_WAIT = "flagos_wait_for_stream"
+_WAIT_IMPORT = f"from torch_fl._C import _sync_current_stream as {_WAIT}"
+
+
+class HostKernelOpOverrides(CpuDeviceOpOverrides):
+    """The CPU's kernel-level snippets (C++ kernels take no stream); device state goes through flagos."""
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.flagos.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.flagos.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.flagos.device({device_idx})"
+
+
+class _HostKernelCalls:
+    """The wrapper-code changes, shared by the graph's wrapper and its subgraphs' (torch.cond bodies...)."""
+
+    def _host_kernel_device(self, device, triton: bool):
+        """Before a C++ kernel's call on flagos: the wait for the device's current stream; then the CPU, as
+        which the call itself is emitted (a C++ kernel's call on CPU tensors)."""
+        device = device or V.graph.get_current_device_or_throw()
+        if device.type != DEVICE_TYPE or triton:
+            return device
+        self.writeline(f"{_WAIT}({-1 if device.index is None else device.index})")  # -1: the current device
+        return torch.device("cpu")
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = self._host_kernel_device(device, triton)
+        return super()._generate_kernel_call_helper(
+            kernel_name, call_args, device=device, triton=triton, **kwargs
+        )
+
+    if not hasattr(PythonWrapperCodegen, "_generate_kernel_call_helper"):  # a torch that emits calls at once
+
+        def generate_kernel_call(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+            device = self._host_kernel_device(device, triton)
+            return super().generate_kernel_call(
+                kernel_name, call_args, device=device, triton=triton, **kwargs
+            )
+
+    def make_allocation(self, name, device, *args, **kwargs):
+        line = super().make_allocation(name, device, *args, **kwargs)
+        if isinstance(line, str) and device.type == DEVICE_TYPE and device.index is not None:
+            line = line.replace(f"device='{DEVICE_TYPE}'", f"device='{DEVICE_TYPE}:{device.index}'", 1)
+        return line
+
+
+class HostKernelSubgraphWrapperCodegen(_HostKernelCalls, SubgraphPythonWrapperCodegen):
+    pass
+
+
+class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        warn_if_cudagraphs_requested("the simulated accelerator")
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
+        if is_subgraph:
+            return HostKernelSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return HostKernelWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(_WAIT_IMPORT)
+
+
+def register(device_type: str) -> tuple[dict[str, object], list[str]]:
+    """Registers the C++-kernel backend for ``device_type``; returns the classes published on torch.flagos
+    and the adapters installed."""
+    adapters = classify_as_cpu(device_type)
+    # torch's own overrides first: older versions fill the table once, when it is empty.
+    get_device_op_overrides("cpu")
+    register_device_op_overrides(device_type, HostKernelOpOverrides())
+    classes = {
+        "Scheduling": CppScheduling,
+        "PythonWrapperCodegen": HostKernelWrapperCodegen,
+        "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "the simulated accelerator"),
+        "WrapperFxCodegen": None,
+    }
+    register_backend(device_type, CppScheduling, HostKernelWrapperCodegen, classes["CppWrapperCodegen"])
+    return classes, adapters
