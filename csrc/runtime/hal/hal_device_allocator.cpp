@@ -412,7 +412,8 @@ class AllocatorState {
 
   void free_to_hal(DeviceState& st, Block* block) {
     if (C10_UNLIKELY(history_.enabled())) {
-      history_.record(block->device, Action::kSegmentFree, address(block), block->size, block->stream, nullptr);
+      history_.record(block->device, Action::kSegmentFree, address(block), block->size, block->stream,
+                      nullptr);
     }
     hal().free(block->ptr);
     st.stats.num_device_free += 1;
