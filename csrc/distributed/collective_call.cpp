@@ -22,11 +22,22 @@ void divide(const at::Tensor& t, int64_t n) {
   }
 }
 
-const c10d::PreMulSumSupplement& premul_factor(const ReduceOp& op) {
-  return static_cast<const c10d::PreMulSumSupplement&>(*op.supplement_);
+// PREMUL_SUM's factor. torch 2.13 renamed NCCLPreMulSumSupplement to PreMulSumSupplement and keeps the
+// old name as an alias; the old name is the one both 2.11 and 2.13 have.
+using PreMulSumFactor = c10d::NCCLPreMulSumSupplement;
+
+const PreMulSumFactor& premul_factor(const ReduceOp& op) {
+  return static_cast<const PreMulSumFactor&>(*op.supplement_);
 }
 
-void scale_in_place(const at::Tensor& t, const c10d::PreMulSumSupplement& factor) {
+ReduceOp premul_sum(const at::Tensor& factor) {
+  ReduceOp op;  // as torch's makePreMulSum (makeNCCLPreMulSum before 2.13) builds it
+  op.op_ = ReduceOp::PREMUL_SUM;
+  op.supplement_ = c10::make_intrusive<PreMulSumFactor>(factor);
+  return op;
+}
+
+void scale_in_place(const at::Tensor& t, const PreMulSumFactor& factor) {
   if (!factor.tensor_factor.defined()) {
     t.mul_(factor.double_factor);
   } else if (factor.tensor_factor.device() == t.device()) {
@@ -141,11 +152,15 @@ void Call::agree(const std::exception_ptr& error) {
 
 // ---- 2. Reduce ops the inner backend lacks ---------------------------------------------------------------
 
+bool Call::native_premul_and_avg(const ReduceOp& op) const {
+  return backend_.config_.native_avg_and_premul && !(premul_emulated_ && op.op_ == ReduceOp::PREMUL_SUM);
+}
+
 ReduceOp Call::reduce_op(const ReduceOp& op, const TensorList& results) {
-  if (backend_.config_.native_avg_and_premul) {
+  if (native_premul_and_avg(op)) {
     if (op.op_ == ReduceOp::PREMUL_SUM) {
       const at::Tensor& factor = premul_factor(op).tensor_factor;
-      if (factor.defined() && factor.device().type() == kFlagos) return c10d::makePreMulSum(alias(factor));
+      if (factor.defined() && factor.device().type() == kFlagos) return premul_sum(alias(factor));
     }
     return op;
   }
@@ -159,7 +174,7 @@ ReduceOp Call::reduce_op(const ReduceOp& op, const TensorList& results) {
 }
 
 bool Call::premultiplies(const ReduceOp& op) const {
-  return op.op_ == ReduceOp::PREMUL_SUM && !backend_.config_.native_avg_and_premul;
+  return op.op_ == ReduceOp::PREMUL_SUM && !native_premul_and_avg(op);
 }
 
 void Call::premultiply_in_place(const ReduceOp& op, const TensorList& tensors) {

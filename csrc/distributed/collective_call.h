@@ -78,6 +78,9 @@ class Call {
   // world size when it completes, and a PREMUL_SUM a SUM of premultiplied() inputs.
   c10d::ReduceOp reduce_op(const c10d::ReduceOp& op, const TensorList& results);
   bool premultiplies(const c10d::ReduceOp& op) const;
+  // Emulates PREMUL_SUM (premultiplied inputs, SUM) for this call although the inner backend has it: for
+  // collectives whose native PREMUL_SUM is wrong (docs/distributed.md).
+  void emulate_premul() { premul_emulated_ = true; }
   // Scales `tensors` by an emulated PREMUL_SUM's factor in place (an all-reduce's tensors are its results).
   void premultiply_in_place(const c10d::ReduceOp& op, const TensorList& tensors);
   // What to communicate for `inputs`: scaled copies for an emulated PREMUL_SUM, else `inputs` themselves.
@@ -112,6 +115,7 @@ class Call {
  private:
   void agree(const std::exception_ptr& error);
   void order_with_current_stream() const;
+  bool native_premul_and_avg(const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> wrap(c10::intrusive_ptr<c10d::Work> inner, TensorList outputs);
 
   FlagosBackend& backend_;
@@ -120,6 +124,7 @@ class Call {
   CollectiveFingerprint fingerprint_;
   std::optional<c10::Device> device_;
   std::shared_ptr<Completion> completion_;
+  bool premul_emulated_ = false;
 };
 
 }  // namespace flagos::distributed

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <type_traits>
 
 namespace flagos::distributed {
 namespace {
@@ -14,6 +15,18 @@ namespace {
 struct CollectiveInfo {
   const char* name;
   c10d::OpType type;
+};
+
+// reduce_scatter_tensor_coalesced's OpType: its own since torch 2.13 (REDUCE_SCATTER_TENSOR_COALESCED), the
+// generic COALESCED before; chosen by whether the enumerator exists, as the enum cannot be tested by the
+// preprocessor.
+template <typename OpType, typename = void>
+struct ReduceScatterTensorCoalesced {
+  static constexpr OpType value = OpType::COALESCED;
+};
+template <typename OpType>
+struct ReduceScatterTensorCoalesced<OpType, std::void_t<decltype(OpType::REDUCE_SCATTER_TENSOR_COALESCED)>> {
+  static constexpr OpType value = OpType::REDUCE_SCATTER_TENSOR_COALESCED;
 };
 
 // Indexed by Collective.
@@ -30,7 +43,7 @@ constexpr CollectiveInfo kCollectives[] = {
     {"scatter", c10d::OpType::SCATTER},
     {"reduce_scatter", c10d::OpType::REDUCE_SCATTER},
     {"reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE},
-    {"reduce_scatter_tensor_coalesced", c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED},
+    {"reduce_scatter_tensor_coalesced", ReduceScatterTensorCoalesced<c10d::OpType>::value},
     {"all_to_all_single", c10d::OpType::ALLTOALL_BASE},
     {"all_to_all", c10d::OpType::ALLTOALL},
     {"send", c10d::OpType::SEND},
@@ -148,7 +161,7 @@ void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op) {
                     "; torch.distributed.ReduceOp defines SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR and "
                     "PREMUL_SUM");
   if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
-    TORCH_CHECK_VALUE(dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get()) != nullptr,
+    TORCH_CHECK_VALUE(dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get()) != nullptr,
                       site.context(),
                       ": PREMUL_SUM needs its factor; make the op with "
                       "torch.distributed._make_nccl_premul_sum(factor)");

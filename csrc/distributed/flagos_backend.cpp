@@ -255,6 +255,9 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter(TensorList& outputs
     call.check_reduce(opts.reduceOp);
     call.fingerprint().add(outputs);
   });
+  // ProcessGroupNCCL's list reduce_scatter (torch 2.11) returned the plain sum for a PREMUL_SUM with a
+  // scalar factor on the H100 (tests/distributed/test_nccl_gpu.py): the factor is applied here instead.
+  call.emulate_premul();
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);

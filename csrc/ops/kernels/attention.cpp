@@ -115,6 +115,17 @@ int64_t choice_from_metadata(c10::DeviceType type, const Tensor& query, const Te
   return at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
+// The efficient-attention kernel wants the bias's rows aligned (stride(-2) a multiple of 4-8 elements). In
+// eager, SDPA's composite pads the mask for it; in a compiled graph Inductor keeps that padding only for
+// cuda tensors (its sdpa_constraint tests is_cuda), and lays a flagos bias out densely. A bias whose last
+// dimension is not a multiple of 8 (Inductor's alignment) may then reach the kernel misaligned, which
+// refuses it: traced, such calls take the math path instead.
+bool mask_rows_may_be_misaligned(const std::optional<Tensor>& attn_mask) {
+  if (!attn_mask.has_value() || !attn_mask->defined()) return false;
+  const std::optional<int64_t> last = attn_mask->sym_size(-1).maybe_as_int();
+  return !last.has_value() || *last % 8 != 0;
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -132,6 +143,9 @@ int64_t fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& v
                                     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
              : at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
   const auto backend = static_cast<SDPBackend>(choice);
+  if (traced && backend == SDPBackend::efficient_attention && mask_rows_may_be_misaligned(attn_mask)) {
+    return static_cast<int64_t>(SDPBackend::math);
+  }
   if (backend != SDPBackend::flash_attention && backend != SDPBackend::efficient_attention &&
       backend != SDPBackend::cudnn_attention) {
     return choice;  // math (or a device's overrideable, or error): the composite handles it as it is

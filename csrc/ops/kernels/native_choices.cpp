@@ -20,6 +20,12 @@ at::Tensor as_native(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? alias_as_native(t) : t;
 }
 
+// Tensors with no flagos memory behind them: FakeTensors and functional wrappers while torch.compile traces,
+// and other Python tensor subclasses. Their native aliases cannot be made.
+bool is_python_tensor(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python);
+}
+
 const at::Tensor& value_or_undefined(const std::optional<at::Tensor>& t) {
   static const at::Tensor undefined;
   return t.has_value() ? *t : undefined;
@@ -31,6 +37,9 @@ const at::Tensor& value_or_undefined(const std::optional<at::Tensor>& t) {
 bool native_batch_norm_is_cudnn(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                 const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
                                 double eps) {
+  // While torch.compile traces (fake tensors, no memory to alias), torch's composite runs and is decomposed:
+  // Inductor generates the same normalisation for cuda, whose cuDNN op it decomposes too.
+  if (is_python_tensor(input)) return false;
   if (input.dim() < 2 || input.numel() == 0) return false;
   const int64_t features = input.size(1);
   auto fits = [features](const at::Tensor& t) { return !t.defined() || t.numel() == features; };
@@ -72,6 +81,7 @@ at::Tensor grid_sampler(const at::Tensor& input, const at::Tensor& grid, int64_t
   using at::native::GridSamplerPadding;
   if (static_cast<GridSamplerInterpolation>(interpolation_mode) == GridSamplerInterpolation::Bilinear &&
       static_cast<GridSamplerPadding>(padding_mode) == GridSamplerPadding::Zeros && align_corners &&
+      !is_python_tensor(input) && !is_python_tensor(grid) &&
       at::native::cond_cudnn_grid_sampler(as_native(input), as_native(grid))) {
     return at::cudnn_grid_sampler(input, grid);
   }
