@@ -136,3 +136,18 @@ def test_missing_sync_is_observable_with_delayed_sim(run_python):
     assert out["pinned_block_reused_while_busy"] is False
     assert out["h2d_correct"] is True, "the pinned source of an async copy was overwritten before it ran"
     assert out["accelerator_sync_correct"] is True, "torch.accelerator.synchronize() did not wait"
+
+
+FIRST_USE_THEN_PIN = """
+import json, torch, torch_fl
+torch.ones(1, device="flagos")  # the device's first use, by an op (not by pin_memory())
+pinned = torch.empty(8, pin_memory=True)
+like = torch.empty_like(torch.zeros(8, dtype=torch.int32), pin_memory=True)  # as DDP's Reducer allocates
+print("RESULT " + json.dumps({"empty": pinned.is_pinned(), "empty_like": like.is_pinned()}))
+"""
+
+
+def test_pinned_allocations_read_as_pinned_after_an_op_initialised_the_device(run_python):
+    # torch's Context answers is_pinned() false until it has recorded the device's lazy initialisation; the
+    # flagos runtime records it whatever initialised the device (DDP's find_unused_parameters asserts it).
+    assert run_python(FIRST_USE_THEN_PIN).check().json() == {"empty": True, "empty_like": True}

@@ -20,7 +20,7 @@ c10::DeviceIndex resolve(c10::DeviceIndex index) {
 }
 
 struct FlagosHooks final : public at::PrivateUse1HooksInterface {
-  void init() const override { initialize(); }
+  void init() const override { initialize_for_torch(); }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {

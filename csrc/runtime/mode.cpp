@@ -2,6 +2,7 @@
 // call is): the mode's own initialisation, then the set-up steps of the layers above (runtime/setup.h).
 #include "runtime/mode.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -50,6 +51,7 @@ std::vector<SetupStep>& setup_steps() {
 // The thread running initialize(): the mode's init and the set-up steps use the runtime, whose entry
 // points call initialize() again; on that thread they go on without waiting for it.
 thread_local bool t_initializing = false;
+thread_local bool t_in_torch_lazy_init = false;  // inside Context::lazyInitDevice(PrivateUse1)
 
 }  // namespace
 
@@ -71,22 +73,40 @@ void add_setup_step(SetupStep step) {
 
 void initialize() {
   if (is_initialized() || t_initializing) return;
-  // Recursive, for a step's own runtime calls on this thread (returned above); other threads wait here
-  // until the device is set up, so that none of them runs an op before its kernels are registered.
-  static std::recursive_mutex mutex;
-  const std::lock_guard<std::recursive_mutex> lock(mutex);
-  if (is_initialized()) return;
-  RuntimeMode& m = mode();
-  t_initializing = true;
-  try {
-    m.init();
-    for (SetupStep step : setup_steps()) step();
-  } catch (...) {
+  {
+    // Recursive, for a step's own runtime calls on this thread (returned above); other threads wait here
+    // until the device is set up, so that none of them runs an op before its kernels are registered.
+    static std::recursive_mutex mutex;
+    const std::lock_guard<std::recursive_mutex> lock(mutex);
+    if (is_initialized()) return;
+    RuntimeMode& m = mode();
+    t_initializing = true;
+    try {
+      m.init();
+      for (SetupStep step : setup_steps()) step();
+    } catch (...) {
+      t_initializing = false;
+      throw;
+    }
     t_initializing = false;
+    mark_initialized();
+  }
+  // torch's own record of the device's lazy initialisation: Context::isPinnedPtr answers false for every
+  // pointer until it is set, so pinned memory taken without pin_memory() (torch.empty(pin_memory=True), the
+  // DDP Reducer's staging copy) read as unpinned. Its once calls the hooks' init(), which returns at once
+  // now; outside the lock, so that a thread inside that once (torch's lazy init) can take it.
+  if (!t_in_torch_lazy_init) at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
+}
+
+void initialize_for_torch() {
+  t_in_torch_lazy_init = true;
+  try {
+    initialize();
+  } catch (...) {
+    t_in_torch_lazy_init = false;
     throw;
   }
-  t_initializing = false;
-  mark_initialized();
+  t_in_torch_lazy_init = false;
 }
 
 const NativeDevice& native_device() {

@@ -15,5 +15,8 @@ void add_setup_step(SetupStep step);
 // Initialises the device once (the runtime mode, then the set-up steps); cheap once done. Throws when no
 // accelerator can be used. A step that throws leaves the device uninitialised: the next call retries.
 void initialize();
+// initialize() for torch's own lazy initialisation of the device (the hooks' init(), called inside
+// at::Context::lazyInitDevice, which initialize() otherwise calls once it is done).
+void initialize_for_torch();
 
 }  // namespace flagos::runtime
