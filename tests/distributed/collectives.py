@@ -132,8 +132,20 @@ def all_to_all(dev):
     dist.all_to_all_single(uneven, x2, out_splits, in_splits)
     inputs = [data((2,), seed=40 + j).to(dev) for j in range(WORLD)]
     outputs = [torch.empty(2, device=dev) for _ in range(WORLD)]
-    dist.all_to_all(outputs, inputs)
+    if dev.type == "cpu" and not _gloo_has_list_all_to_all():
+        # The reference: gloo before torch 2.13 has no list all_to_all; its single-tensor form moves the
+        # same data.
+        flat = torch.empty(WORLD * 2)
+        dist.all_to_all_single(flat, torch.cat(inputs))
+        outputs = list(flat.split(2))
+    else:
+        dist.all_to_all(outputs, inputs)
     return [even, uneven] + outputs
+
+
+def _gloo_has_list_all_to_all() -> bool:
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
 
 
 def gather_scatter(dev):

@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from ranks import DEVICE, RANK, WORLD, init
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -260,6 +261,14 @@ def fsdp_mlp(mesh) -> list[str]:
     return ["fsdp2_mlp", "fsdp2_mlp_mixed_precision"]
 
 
+def checkpoint_writer(path: str) -> FileSystemWriter:
+    """torch.distributed.checkpoint's writer for flagos tensors. With one writer thread its staging loader
+    moves tensors of torch._utils._get_available_device_type() to the CPU, which is "cuda" wherever CUDA
+    exists: backed by CUDA, flagos tensors would reach the file writer unmoved ("Tensor must be on CPU",
+    torch 2.11 and 2.13). With two threads each tensor is copied with .cpu() (docs/distributed.md)."""
+    return FileSystemWriter(path, thread_count=2)
+
+
 def fsdp_qwen3(master, mesh, ddp_trained, checkpoint: str | None) -> list[str]:
     start = params_cpu(master)
     model = shard_qwen3(_qwen3.copy_to(master, DEVICE).train(), mesh)
@@ -276,7 +285,11 @@ def fsdp_qwen3(master, mesh, ddp_trained, checkpoint: str | None) -> list[str]:
     done = ["fsdp2_qwen3"]
     if checkpoint:
         model_sd, optim_sd = get_state_dict(model, opt)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(checkpoint, "dcp"))
+        dcp.save(
+            {"model": model_sd, "optim": optim_sd},
+            checkpoint_id=os.path.join(checkpoint, "dcp"),
+            storage_writer=checkpoint_writer(os.path.join(checkpoint, "dcp")),
+        )
         full_model, full_optim = get_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
