@@ -152,8 +152,15 @@ void Call::agree(const std::exception_ptr& error) {
 
 // ---- 2. Reduce ops the inner backend lacks ---------------------------------------------------------------
 
+// NCCL's reduce-scatter ignores a PREMUL_SUM's factor at world size 1: ProcessGroupNCCL (torch 2.11, on the
+// H100) returned the plain sum for the list and the tensor variants, for cuda tensors too. Those calls
+// premultiply and SUM instead, as with an inner backend without PREMUL_SUM (docs/distributed.md).
 bool Call::native_premul_and_avg(const ReduceOp& op) const {
-  return backend_.config_.native_avg_and_premul && !(premul_emulated_ && op.op_ == ReduceOp::PREMUL_SUM);
+  if (!backend_.config_.native_avg_and_premul) return false;
+  const Collective c = site_.collective;
+  const bool reduce_scatter = c == Collective::kReduceScatter || c == Collective::kReduceScatterTensor ||
+                              c == Collective::kReduceScatterTensorCoalesced;
+  return !(reduce_scatter && op.op_ == ReduceOp::PREMUL_SUM && size() == 1);
 }
 
 ReduceOp Call::reduce_op(const ReduceOp& op, const TensorList& results) {

@@ -78,9 +78,6 @@ class Call {
   // world size when it completes, and a PREMUL_SUM a SUM of premultiplied() inputs.
   c10d::ReduceOp reduce_op(const c10d::ReduceOp& op, const TensorList& results);
   bool premultiplies(const c10d::ReduceOp& op) const;
-  // Emulates PREMUL_SUM (premultiplied inputs, SUM) for this call although the inner backend has it: for
-  // collectives whose native PREMUL_SUM is wrong (docs/distributed.md).
-  void emulate_premul() { premul_emulated_ = true; }
   // Scales `tensors` by an emulated PREMUL_SUM's factor in place (an all-reduce's tensors are its results).
   void premultiply_in_place(const c10d::ReduceOp& op, const TensorList& tensors);
   // What to communicate for `inputs`: scaled copies for an emulated PREMUL_SUM, else `inputs` themselves.
@@ -124,7 +121,6 @@ class Call {
   CollectiveFingerprint fingerprint_;
   std::optional<c10::Device> device_;
   std::shared_ptr<Completion> completion_;
-  bool premul_emulated_ = false;
 };
 
 }  // namespace flagos::distributed

@@ -14,13 +14,6 @@
 namespace flagos::distributed {
 namespace {
 
-// NCCL's reduce-scatter ignores a PREMUL_SUM's factor at world size 1: ProcessGroupNCCL (torch 2.11, on the
-// H100) returned the plain sum for the list and the tensor variants, for cuda tensors too. Such calls
-// premultiply and SUM instead (as with an inner backend without PREMUL_SUM).
-void emulate_premul_where_native_is_wrong(Call& call) {
-  if (call.size() == 1) call.emulate_premul();
-}
-
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
 // The flagos device a barrier names, where torch's BarrierOptions has a device (torch 2.13 has; the
@@ -262,7 +255,6 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter(TensorList& outputs
     call.check_reduce(opts.reduceOp);
     call.fingerprint().add(outputs);
   });
-  emulate_premul_where_native_is_wrong(call);
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);
@@ -280,7 +272,6 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::_reduce_scatter_base(at::Tensor& o
     call.check_reduce(opts.reduceOp);
     call.fingerprint().add(output);
   });
-  emulate_premul_where_native_is_wrong(call);
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, {output});
   at::Tensor native_out = Call::alias(output);
@@ -299,7 +290,6 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::reduce_scatter_tensor_coalesced(
     call.check_reduce(opts.reduceOp);
     call.fingerprint().add(outputs);
   });
-  emulate_premul_where_native_is_wrong(call);
   c10d::ReduceScatterOptions inner_opts = opts;
   inner_opts.reduceOp = call.reduce_op(opts.reduceOp, outputs);
   auto native_out = Call::alias(outputs);

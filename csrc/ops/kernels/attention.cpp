@@ -27,6 +27,7 @@
 #include <cmath>
 #include <optional>
 
+#include "ops/routes/native_call.h"
 #include "ops/routing/router.h"
 #include "runtime/native_device.h"
 
@@ -89,12 +90,6 @@ Tensor metadata_stand_in(const Tensor& t, c10::DeviceType type) {
   Tensor out(std::move(impl));
   if (t.requires_grad()) out.set_requires_grad(true);
   return out;
-}
-
-// Tensors with no flagos memory behind them: FakeTensors and functional wrappers while torch.compile traces
-// (Dynamo, AOTAutograd, Inductor's pattern matcher), and other Python tensor subclasses.
-bool is_python_tensor(const Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Python);
 }
 
 // The choice `type`'s own kernel of aten::_fused_sdp_choice makes for tensors like these, from their

@@ -20,12 +20,6 @@ at::Tensor as_native(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? alias_as_native(t) : t;
 }
 
-// Tensors with no flagos memory behind them: FakeTensors and functional wrappers while torch.compile traces,
-// and other Python tensor subclasses. Their native aliases cannot be made.
-bool is_python_tensor(const at::Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Python);
-}
-
 const at::Tensor& value_or_undefined(const std::optional<at::Tensor>& t) {
   static const at::Tensor undefined;
   return t.has_value() ? *t : undefined;

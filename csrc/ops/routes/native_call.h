@@ -113,6 +113,13 @@ class NativeCall {
   c10::DeviceIndex traced_device_ = -1;  // the call's flagos device (enter()), -1 when it has none
 };
 
+// Tensors with no flagos memory behind them, which alias_as_native cannot alias: FakeTensors and functional
+// wrappers while torch.compile traces (Dynamo, AOTAutograd, Inductor's pattern matcher), and other Python
+// tensor subclasses.
+inline bool is_python_tensor(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python);
+}
+
 // A native-device tensor over the memory of flagos tensor `flagos` (same geometry and view bits), keeping
 // that memory alive: torch_fl.as_cuda.
 at::Tensor alias_as_native(const at::Tensor& flagos);
