@@ -6,8 +6,10 @@ from a fixed seed: the tiny shape on the simulated accelerator, Qwen3-0.6B's sha
 checkpoint with ``--model``), generates greedily on flagos and on the reference device (the CPU on the
 simulated accelerator, CUDA on NVIDIA), checks that logits and token ids agree within the dtype's
 tolerance, and prints tokens/s on both and how many operator calls each flagos backend served. Without a
-tokenizer (random weights, or a checkpoint without one) the text is shown as token ids. The exit code is 1
-when parity fails.
+tokenizer (random weights, or a checkpoint without one) the text is shown as token ids. With ``--graphs`` it
+also decodes on flagos with a static KV cache twice, eagerly and by graph replay of the captured decode step
+(``torch_fl._static_decode``), checks that the token ids are equal and prints decode tokens/s of both. The
+exit code is 1 when parity fails.
 """
 
 from __future__ import annotations
@@ -69,6 +71,36 @@ def _generate(model, ids, new_tokens: int, device: str, label: str):
     )
     _qwen3.synchronize(device)
     return out, time.perf_counter() - start
+
+
+def _graph_decode(model, prompt, new_tokens: int) -> bool:
+    """Static-cache greedy decode on flagos, eager and by graph replay: token ids equal, decode tokens/s."""
+    import torch
+
+    from torch_fl._static_decode import StaticGreedyDecoder
+
+    results = {}
+    for name, graphs in (("eager", False), ("graphs", True)):
+        decoder = StaticGreedyDecoder(model, graphs=graphs)
+        try:
+            with _Phase(f"static-cache decode on flagos, {name} (a warm-up run, then {new_tokens} tokens)"):
+                decoder.generate(prompt, new_tokens)
+                tokens = decoder.generate(prompt, new_tokens).cpu()
+        except Exception as e:  # reported as a parity failure: e.g. an op that cannot be captured
+            first_line = (str(e).splitlines() or [""])[0]
+            print(f"  parity, graph replay: {name} decode FAILED: {type(e).__name__}: {first_line}")
+            return False
+        results[name] = tokens, (new_tokens - 1) / decoder.decode_seconds
+    (eager, eager_rate), (replayed, graph_rate) = results["eager"], results["graphs"]
+    same = int((eager == replayed).all(dim=0).sum())
+    ok = torch.equal(eager, replayed)
+    verdict = "OK" if ok else f"MISMATCH: graph replay gave {' '.join(str(i) for i in replayed[0].tolist())}"
+    print(f"  parity, graph replay: token ids {same}/{eager.shape[1]} identical to eager's: {verdict}")
+    print(
+        f"  decode tokens/s (static cache, prefill excluded): eager {eager_rate:.1f}, graphs "
+        f"{graph_rate:.1f} (graphs/eager {graph_rate / eager_rate:.2f})"
+    )
+    return ok
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  flagos memory: peak {torch.flagos.max_memory_allocated() / 2**20:.0f} MiB allocated")
 
     ok = divergence is None and logits.ok
+    if args.graphs:
+        ok = _graph_decode(on_flagos, prompt, args.new_tokens) and ok
     print(
         f"\ntorch_fl {torch_fl.__version__} on the '{torch_fl.accelerator()}' accelerator: {'OK' if ok else 'PARITY FAILED'}"
     )
@@ -206,9 +240,16 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=0, help="seed of the random weights and prompt (default 0)"
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for CPU work (default: torch's)")
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also decode on flagos with a static KV cache, eagerly and by graph replay, and compare them",
+    )
     args = parser.parse_args(argv)
     if args.new_tokens < 1 or args.prompt_length < 1:
         parser.error("--new-tokens and --prompt-length must be at least 1")
+    if args.graphs and args.new_tokens < 2:
+        parser.error("--graphs needs --new-tokens of at least 2 (decode steps follow the prefill's token)")
     return run(args)
 
 

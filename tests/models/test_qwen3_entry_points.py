@@ -55,6 +55,44 @@ def test_demo(run_python, qwen3):
     assert out.rstrip().endswith(": OK")
 
 
+def test_demo_graphs(run_python):
+    """--graphs: static-cache decode on flagos, eager and by graph replay, with equal token ids (tiny shape,
+    simulated accelerator)."""
+    result = run_python(
+        "",
+        args=["-m", "torch_fl.demo", "--graphs", "--shape", "tiny", "--new-tokens", "4"],
+        env={"FLAGOS_ACCELERATOR": "sim"},
+        timeout=90,
+    )
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    assert "'sim' accelerator" in out, out
+    assert re.search(r"parity, token ids: 4/4 identical to cpu's: OK", out), out
+    assert re.search(r"parity, graph replay: token ids 4/4 identical to eager's: OK", out), out
+    rates = re.search(r"decode tokens/s .*: eager ([\d.]+), graphs ([\d.]+) \(graphs/eager ([\d.]+)\)", out)
+    assert rates and all(float(rate) > 0 for rate in rates.groups()), out
+    assert out.rstrip().endswith(": OK")
+
+
+def test_demo_graphs_fails_when_replay_differs(monkeypatch, capsys, qwen3):
+    """Graph replay giving other token ids than eager decode makes the demo report it and exit 1."""
+    from torch_fl import _static_decode, demo
+
+    generate = _static_decode.StaticGreedyDecoder.generate
+
+    def off_by_one_when_replayed(self, input_ids, new_tokens):
+        tokens = generate(self, input_ids, new_tokens)
+        return tokens + 1 if self.graphs else tokens
+
+    monkeypatch.setattr(_static_decode.StaticGreedyDecoder, "generate", off_by_one_when_replayed)
+    code = demo.main(["--shape", qwen3.shape, "--new-tokens", "3", "--graphs"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert re.search(r"parity, token ids: 3/3 identical to \w+'s: OK", out), out
+    assert re.search(r"parity, graph replay: token ids 0/3 identical to eager's: MISMATCH", out), out
+    assert "PARITY FAILED" in out
+
+
 def test_demo_with_model(run_python, qwen3, checkpoint):
     """--model: the demo runs the checkpoint (its tokens are the checkpoint's, recomputed here on the
     reference device) and uses the checkpoint's tokenizer."""
