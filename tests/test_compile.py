@@ -378,18 +378,70 @@ def test_extern_kernels_go_through_the_router():
 
 @pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
 def test_compile_modes(mode):
-    """max-autotune compiles and runs. reduce-overhead gives eager's results without CUDA-graph replay:
-    Inductor's CUDA-graph trees take device type cuda only, so it skips flagos graphs (docs/compile.md;
-    graph replay when backed by CUDA is the graphs issue's)."""
+    """Both modes ask for CUDA graphs (max-autotune autotunes too) and give eager's results. Backed by
+    CUDA they replay flagos graphs (the first call warms up, the second records, later calls replay;
+    Inductor counts no skip); on the simulated accelerator they run without replay: its C++ kernels wait
+    for the stream, which a capture forbids (docs/compile.md)."""
     from torch._dynamo.utils import counters
 
-    skips = counters["inductor"]["cudagraph_skips"]
+    from torch_fl._compile import graph_replay
+
+    torch._dynamo.reset()
+    skips, before = counters["inductor"]["cudagraph_skips"], graph_replay.stats()
     fn = torch.compile(lambda x, w: F.gelu(x @ w) * 2, mode=mode)
-    x, w = rand(16, 32), rand(32, 16, seed=1)
-    for _ in range(3):
-        assert_same(fn(x, w), F.gelu(x @ w) * 2, 8.0)
-    if mode == "reduce-overhead":
+    w = rand(32, 16, seed=1)
+    outputs = []
+    for i in range(4):
+        x = rand(16, 32, seed=10 + i)
+        outputs.append((fn(x, w), F.gelu(x @ w) * 2))
+    for actual, expected in outputs:  # kept across calls: replays must not overwrite earlier outputs
+        assert_same(actual, expected, 8.0)
+    after = graph_replay.stats()
+    replays = {key: after[key] - before[key] for key in after}
+    if torch_fl._compile.flavour() == "triton":
+        assert counters["inductor"]["cudagraph_skips"] == skips
+        assert replays == {"eager": 1, "recorded": 1, "replayed": 3}, replays
+    else:
         assert counters["inductor"]["cudagraph_skips"] == skips + 1
+        assert replays == {"eager": 0, "recorded": 0, "replayed": 0}
+
+
+def test_reduce_overhead_training_step():
+    """A training step compiled with reduce-overhead: the forward and the backward graph (AOTAutograd's)
+    each warm up, record and replay when backed by CUDA; losses and gradients stay eager's, also for
+    gradients kept from an earlier step (replays must not overwrite them)."""
+    from torch_fl._compile import graph_replay
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(DEVICE)
+    reference = copy.deepcopy(model)
+
+    def step(m, x, y):
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        return loss.detach()
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    before = graph_replay.stats()
+    kept = []
+    for i in range(4):
+        x, y = rand(8, 16, seed=i), rand(8, 4, seed=100 + i)
+        assert_same(compiled(model, x, y), step(reference, x, y), 8.0, f"loss of step {i}")
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            assert_same(p.grad, q.grad, 8.0, f"step {i}: grad of {name}")
+        kept.append([p.grad for p in model.parameters()])
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            p.grad, q.grad = None, None
+    for i, grads in enumerate(kept[:-1]):
+        for g, later in zip(grads, kept[i + 1], strict=True):
+            assert not torch.equal(g, later), f"step {i}'s gradient was overwritten by a later replay"
+    after = graph_replay.stats()
+    replays = {key: after[key] - before[key] for key in after}
+    if torch_fl._compile.flavour() == "triton":
+        assert replays == {"eager": 2, "recorded": 2, "replayed": 6}, replays
+    else:
+        assert replays == {"eager": 0, "recorded": 0, "replayed": 0}
 
 
 def test_cpp_wrapper_is_a_clear_error():
@@ -485,8 +537,42 @@ assert "_cuda_getCurrentRawStream" in get_device_op_overrides("flagos").import_g
 assert get_device_op_overrides("flagos") is get_device_op_overrides("cuda")
 assert device_interface.interface_for("triton") is device_interface.BackedInterface
 assert sorted(adapters) == sorted([
-    "inductor.utils.GPU_TYPES", "inductor.utils.get_gpu_type", "inductor.runtime.hints.DeviceProperties.create"
+    "inductor.utils.GPU_TYPES", "inductor.utils.get_gpu_type", "inductor.runtime.hints.DeviceProperties.create",
+    "inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes", "inductor.compile_fx.cudagraphify",
+    "inductor.output_code.maybe_handle_backward_generation",
 ]), adapters
+# reduce-overhead: one flagos device is no reason to skip graphs; CPU nodes and mixed devices still are.
+from torch._inductor import compile_fx, cudagraph_utils, output_code
+F0, C0 = torch.device("flagos", 0), torch.device("cuda", 0)
+assert cudagraph_utils.check_multiple_devices_or_any_cpu_nodes({F0: None}) is None
+assert cudagraph_utils.check_multiple_devices_or_any_cpu_nodes({C0: None}) is None
+assert "multiple devices" in cudagraph_utils.check_multiple_devices_or_any_cpu_nodes({F0: None, C0: None})
+assert "multiple devices" in cudagraph_utils.check_multiple_devices_or_any_cpu_nodes(
+    {F0: None, torch.device("flagos", 1): None})
+class Node:
+    name, meta, users = "cpu_node", {}, {}
+assert "cpu device" in cudagraph_utils.check_multiple_devices_or_any_cpu_nodes(
+    {F0: None, torch.device("cpu"): Node()})
+class Graph:
+    device_types = {"flagos"}
+assert output_code.maybe_handle_backward_generation(Graph(), None) is None
+# The wrapper gives a callable of flagos tensors flagos graph replay (the simulated accelerator's graphs).
+def model(inputs):
+    x, w = inputs
+    inputs.clear()
+    return [x @ w + 1]
+run = compile_fx.cudagraphify(model, (1,), device_index=0, stack_traces=[None], is_backward=False,
+                              is_inference=True, mutated_input_idxs=())
+w = torch.randn(8, 8).to("flagos")
+from torch_fl._compile import graph_replay
+before = graph_replay.stats()
+for i in range(3):
+    x = torch.full((4, 8), float(i)).to("flagos")
+    (out,) = run([x, w])
+    assert torch.equal(out.cpu(), (x @ w + 1).cpu())
+after = graph_replay.stats()
+assert (after["eager"] - before["eager"], after["recorded"] - before["recorded"],
+        after["replayed"] - before["replayed"]) == (1, 1, 2), (before, after)
 print("RESULT {}")
 """
 
@@ -494,5 +580,6 @@ print("RESULT {}")
 def test_backed_registration_glue(run_python):
     """What flagos backed by CUDA registers, checked where no GPU exists (the GPU tests run it for real):
     CUDA's scheduling and op overrides under the flagos name, flagos a GPU type and the process's one,
-    and Triton's device properties those of the CUDA device of the same index."""
+    Triton's device properties those of the CUDA device of the same index, and reduce-overhead's graph
+    replay for flagos graphs (the wrapping run here on the simulated accelerator's graphs)."""
     run_python(_BACKED_GLUE_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim"}, timeout=120).check()

@@ -171,11 +171,15 @@ def register_if_loaded() -> None:
 
 
 def status() -> dict:
-    """What is registered: ``flavour``, ``device_interface`` and ``inductor`` (bools) and the ``adapters``
-    installed (docs/design.md lists them)."""
+    """What is registered: ``flavour``, ``device_interface`` and ``inductor`` (bools), the ``adapters``
+    installed (docs/design.md lists them) and ``graph_replay``: reduce-overhead's flagos graphs recorded and
+    replayed so far, and the calls that ran without replay (``graph_replay.stats()``)."""
+    from torch_fl._compile import graph_replay
+
     return {
         "flavour": flavour(),
         "device_interface": _interface_registered,
         "inductor": _inductor_classes is not None,
         "adapters": list(_adapters),
+        "graph_replay": graph_replay.stats(),
     }

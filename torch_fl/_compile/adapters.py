@@ -138,3 +138,90 @@ def report_as_cuda_to_triton(device_type: str) -> list[str]:
     create._flagos_device_type = device_type  # type: ignore[attr-defined]
     DeviceProperties.create = classmethod(create)  # type: ignore[method-assign, assignment]
     return ["inductor.runtime.hints.DeviceProperties.create"]
+
+
+def replay_graphs_as_cuda(device_type: str) -> list[str]:
+    """``mode="reduce-overhead"`` (``config.triton.cudagraphs``) replays graphs for ``device_type`` graphs.
+
+    Inductor has no per-device hook for graph replay. Three places decide it for cuda only:
+    - ``cudagraph_utils.check_multiple_devices_or_any_cpu_nodes`` gives a graph whose one device is not of
+      type cuda the skip reason "multiple devices"; the wrapper answers "no reason" for one ``device_type``
+      device (CPU nodes and several devices still give torch's reasons);
+    - ``compile_fx.cudagraphify``, which ``output_code.cudagraph_post_compile`` and
+      ``cudagraph_partition_post_compile`` look up when they wrap a graph (or each graph partition): the
+      wrapper gives callables whose inputs or constants are ``device_type`` tensors a
+      ``graph_replay.GraphRunner`` (``torch.flagos`` graphs), and every other callable torch's wrapping;
+    - ``output_code.maybe_handle_backward_generation``, which tells the CUDA-graph trees' manager that a
+      backward runs without graphs after a forward that ran with them: there is no such manager for
+      ``device_type`` graphs, so the wrapper does nothing for them.
+    Torch 2.13's ``config.cudagraph_policy`` replaces the wrapping for every device type at once (and
+    changes how partitions are wrapped for cuda too), and the device check still rejects the graph; it is
+    therefore not used. Returns the adapters installed; empty where this torch lacks one of the three, and
+    then nothing is changed.
+    """
+    from torch._inductor import compile_fx, config, cudagraph_utils, output_code
+
+    original_check = getattr(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", None)
+    original_cudagraphify = getattr(compile_fx, "cudagraphify", None)
+    original_backward = getattr(output_code, "maybe_handle_backward_generation", None)
+    if original_check is None or original_cudagraphify is None or original_backward is None:
+        return []
+    names = [
+        "inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes",
+        "inductor.compile_fx.cudagraphify",
+        "inductor.output_code.maybe_handle_backward_generation",
+    ]
+    if getattr(original_cudagraphify, "_flagos_device_type", None) == device_type:
+        return names
+    using_partition = getattr(cudagraph_utils, "is_using_cudagraph_partition", lambda: False)
+
+    def check_multiple_devices_or_any_cpu_nodes(device_node_mapping):
+        devices = [d for d in device_node_mapping if d.type != "meta"]
+        if using_partition():  # partitions leave CPU nodes out of the graphs
+            devices = [d for d in devices if d.type != "cpu"]
+        if len(devices) == 1 and devices[0].type == device_type:
+            return None
+        return original_check(device_node_mapping)
+
+    def cudagraphify(model, static_input_idxs=(), **kwargs):
+        from torch_fl._compile import graph_replay
+
+        torch_wrapped = original_cudagraphify(model, static_input_idxs, **kwargs)
+        chosen = None
+
+        def run(new_inputs):
+            nonlocal chosen
+            if chosen is None:
+                if graph_replay.is_flagos_graph(new_inputs, kwargs.get("constants", ())):
+                    mutated = kwargs.get("mutated_input_idxs")
+                    chosen = graph_replay.GraphRunner(
+                        model,
+                        static_input_idxs,
+                        # Where torch does not say which inputs the graph mutates, every copied input is
+                        # copied back (correct, one copy more per input).
+                        range(len(new_inputs)) if mutated is None else mutated,
+                        kwargs.get("device_index", 0),
+                        config.triton.cudagraph_unexpected_rerecord_limit,
+                    )
+                else:
+                    chosen = torch_wrapped
+            return chosen(new_inputs)
+
+        return run
+
+    def maybe_handle_backward_generation(compiled_graph, boxed_forward_device_index):
+        if device_type in getattr(compiled_graph, "device_types", ()):
+            return None
+        return original_backward(compiled_graph, boxed_forward_device_index)
+
+    cudagraphify._flagos_device_type = device_type  # type: ignore[attr-defined]
+    for module, name, original, replacement in (
+        (cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", original_check,
+         check_multiple_devices_or_any_cpu_nodes),
+        (compile_fx, "cudagraphify", original_cudagraphify, cudagraphify),
+        (output_code, "maybe_handle_backward_generation", original_backward, maybe_handle_backward_generation),
+    ):  # fmt: skip
+        replacement.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(module, name, replacement)
+        _replace_in_inductor(name, original, replacement)
+    return names

@@ -9,9 +9,10 @@ flagos's). The graph's tensors stay flagos tensors: Triton kernels take their da
 are flagos operators served by flagos's router, and autograd never sees a cuda-typed alias (a backward
 graph of cuda nodes would have no streams, pytorch/pytorch#161129).
 
-Two adapters (``adapters.py``) tell Inductor what it has no registration for: flagos is a GPU type (and the
-process's one GPU type, so constants and CPU constructors move to flagos), and Triton compiles for the
-CUDA device under the flagos device.
+Adapters (``adapters.py``) tell Inductor what it has no registration for: flagos is a GPU type (and the
+process's one GPU type, so constants and CPU constructors move to flagos), Triton compiles for the CUDA
+device under the flagos device, and ``mode="reduce-overhead"`` replays flagos graphs
+(``graph_replay.py``) where it would replay CUDA graphs for cuda.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedSchedul
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
 from torch_fl._compile import register_backend, unsupported_cpp_wrapper, warn_if_cudagraphs_requested
-from torch_fl._compile.adapters import register_gpu_type, report_as_cuda_to_triton
+from torch_fl._compile.adapters import register_gpu_type, replay_graphs_as_cuda, report_as_cuda_to_triton
 
 try:  # Halide scheduling: where this torch has it (config.cuda_backend = "halide")
     from torch._inductor.codegen.halide import HalideScheduling
@@ -34,12 +35,16 @@ except ImportError:  # pragma: no cover
     WrapperFxCodegen = None
 
 
+_replays_graphs = False  # whether replay_graphs_as_cuda is in effect (torch has what it adapts)
+
+
 class BackedWrapperCodegen(PythonWrapperCodegen):
-    """CUDA's Python wrapper; says once when CUDA graphs were asked for and are not replayed."""
+    """CUDA's Python wrapper; says once when CUDA graphs were asked for and cannot be replayed."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        warn_if_cudagraphs_requested("CUDA")
+        if not _replays_graphs:
+            warn_if_cudagraphs_requested("CUDA")
 
     @staticmethod
     def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
@@ -63,7 +68,10 @@ def scheduling(scheduler):
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     """Registers CUDA's Inductor backend for ``device_type``; returns the classes published on torch.flagos
     and the adapters installed."""
-    adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type)
+    global _replays_graphs
+    replay = replay_graphs_as_cuda(device_type)  # mode="reduce-overhead": graph_replay.py
+    _replays_graphs = bool(replay)
+    adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type) + replay
     # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
     register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
     classes = {

@@ -1,0 +1,256 @@
+"""Graph replay of compiled flagos graphs: what ``mode="reduce-overhead"`` gives a flagos graph.
+
+Inductor wraps each compiled graph (or each graph partition) whose device is a CUDA device in
+``cudagraphify``, whose implementations (the CUDA-graph trees, and the simpler one without trees) use
+``torch.cuda``'s graphs, streams and allocator pools and return cuda tensors. :class:`GraphRunner` is the
+same wrapping for a flagos graph, built on ``torch.flagos``'s graph API (``FlagosGraph``: torch's CUDA graph
+when flagos is backed by CUDA):
+
+- the first call of each input signature runs the compiled code eagerly (the warm-up: Triton's first launch
+  loads its kernels; cuBLAS sets up its handle), the second captures it on a side stream and replays it;
+  later calls copy the inputs into the graph's input buffers and replay;
+- inputs Inductor declares static (parameters, buffers, ``mark_static_address`` tensors such as a static KV
+  cache) are used in place; the graph is recorded again when one of them is a different tensor than at
+  capture (a new cache, reloaded weights), as the trees do; other tensor inputs are copied into buffers the
+  graph owns, and the buffers of inputs the graph mutates are copied back into the caller's tensors;
+- outputs are returned as copies: a replay overwrites the graph's output memory, and a caller may keep an
+  output past the next call (the trees detect such a use and raise; a copy per output keeps it right);
+- the graphs of one compiled callable share one memory pool (the first graph's): sound because nothing in
+  the pool outlives its own replay (outputs are copied out), and replays are ordered on the current stream.
+  A pool lives as long as its graphs: one shared across callables would outlive the graphs of a callable
+  Dynamo dropped, and torch's caching allocator refuses to capture into a pool whose graphs are gone.
+
+An input signature is the shapes, strides and dtypes of the tensor inputs and the values of the integer
+inputs (dynamic shapes); up to ``config.triton.cudagraph_unexpected_rerecord_limit`` graphs are recorded
+per compiled graph, beyond which the compiled code runs without replay (with one warning).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+DEVICE_TYPE = "flagos"
+_ALIGNMENT = 16  # Inductor's kernels assume inputs aligned like this (compile_fx's check of static inputs)
+
+_stats_lock = threading.Lock()
+_stats = {"recorded": 0, "replayed": 0, "eager": 0}
+
+
+def stats() -> dict[str, int]:
+    """How many flagos graphs compiled code recorded, how many replays ran and how many calls ran eagerly
+    (warm-up calls and calls past the re-record limit), in this process."""
+    with _stats_lock:
+        return dict(_stats)
+
+
+def _count(key: str) -> None:
+    with _stats_lock:
+        _stats[key] += 1
+
+
+def is_flagos_graph(inputs: Sequence[Any], constants: Sequence[Any]) -> bool:
+    """Whether compiled code with these inputs and constants runs on flagos (Inductor checked that the graph
+    has one device; its tensor inputs or constants say which)."""
+    return any(isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE for t in (*inputs, *constants))
+
+
+def _data_ptrs_equal(inputs: Sequence[Any], ptrs: list[int | None], idxs: list[int]) -> bool:
+    """Whether ``inputs[i].data_ptr() == ptrs[i]`` for every i of ``idxs``."""
+    native = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # torch's CUDA builds have it
+    if native is not None:
+        return native(inputs, ptrs, idxs)
+    return all(inputs[i].data_ptr() == ptrs[i] for i in idxs)
+
+
+def _signature(inputs: Sequence[Any], static_idxs: Sequence[int]) -> tuple:
+    """What a recording depends on: the copied tensor inputs' shapes, strides and dtypes, the static
+    inputs' addresses and the other inputs' values (integers for dynamic sizes)."""
+    static = frozenset(static_idxs)
+    parts = []
+    for idx, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor):
+            parts.append(x.data_ptr() if idx in static else (tuple(x.shape), x.stride(), x.dtype))
+        elif isinstance(x, torch.SymInt):
+            parts.append(int(x))
+        elif isinstance(x, (int, float, bool)):
+            parts.append(x)
+        else:
+            parts.append(type(x).__name__)
+    return tuple(parts)
+
+
+class _Recording:
+    """One captured graph with its input buffers and output memory, and the inputs it was captured for."""
+
+    def __init__(
+        self,
+        model: Callable,
+        inputs: list[Any],
+        static_idxs: list[int],
+        mutated_idxs: Sequence[int],
+        device_index: int,
+        pool: tuple[int, int] | None,
+    ):
+        static = frozenset(static_idxs)
+        self.count = len(inputs)
+        self.static_idxs = list(static_idxs)
+        # Indexed like the inputs (torch's check compares ptrs[i] with inputs[i] for i in static_idxs).
+        self.static_ptrs = [inputs[i].data_ptr() if i in static else None for i in range(len(inputs))]
+        self.copy_idxs = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in static]
+        self.copy_meta = [(i, inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in self.copy_idxs]
+        self.values = [(i, x) for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)]
+        self.copy_back_idxs = [i for i in mutated_idxs if i in self.copy_idxs]
+        # Buffers with the inputs' strides (expanded inputs keep their zero strides: one element copied).
+        self.buffers: list[Any] = list(inputs)
+        for i in self.copy_idxs:
+            x = inputs[i]
+            self.buffers[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        self._copy_in(inputs)
+        current = torch.flagos.current_stream()
+        capture_stream = torch.flagos.Stream(device=device_index)
+        capture_stream.wait_stream(current)
+        self.graph = torch.flagos.FlagosGraph()
+        with torch.flagos.graph(
+            self.graph, pool=pool, stream=capture_stream, capture_error_mode="thread_local"
+        ):
+            outputs = model(list(self.buffers))  # Inductor's callables clear the list they are given
+        self.output_is_sequence = isinstance(outputs, (list, tuple))
+        self.outputs = list(outputs) if self.output_is_sequence else [outputs]
+        current.wait_stream(capture_stream)
+        # The graph reads static inputs at their addresses; holding them would keep, say, every static KV
+        # cache a recording ever saw alive. A later tensor at the same address is the one to read.
+        for i in self.static_idxs:
+            self.buffers[i] = None
+
+    def matches(self, inputs: Sequence[Any]) -> bool:
+        if len(inputs) != self.count:
+            return False
+        for i, shape, stride, dtype in self.copy_meta:
+            x = inputs[i]
+            if (
+                not isinstance(x, torch.Tensor)
+                or x.shape != shape
+                or x.stride() != stride
+                or x.dtype != dtype
+            ):
+                return False
+        for i, value in self.values:
+            if inputs[i] != value:
+                return False
+        return _data_ptrs_equal(inputs, self.static_ptrs, self.static_idxs)
+
+    def _copy_in(self, inputs: Sequence[Any]) -> None:
+        for i in self.copy_idxs:
+            _copy_expanded(self.buffers[i], inputs[i])
+
+    def run(self, inputs: list[Any]) -> Any:
+        self._copy_in(inputs)
+        self.graph.replay()
+        for i in self.copy_back_idxs:
+            inputs[i].copy_(self.buffers[i])
+        results = [o.clone(memory_format=torch.preserve_format) if isinstance(o, torch.Tensor) else o
+                   for o in self.outputs]  # fmt: skip
+        return results if self.output_is_sequence else results[0]
+
+
+def _copy_expanded(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``, copying one element along the dimensions ``src`` has expanded (stride 0), which
+    ``dst`` has too (it was made with ``src``'s strides)."""
+    index = tuple(
+        0 if stride == 0 and size > 1 else slice(None)
+        for size, stride in zip(src.shape, src.stride(), strict=True)
+    )
+    if any(isinstance(i, int) for i in index):
+        dst[index].copy_(src[index])
+    else:
+        dst.copy_(src)
+
+
+class GraphRunner:
+    """A compiled flagos callable (Inductor's boxed calling convention: one list of inputs, cleared by the
+    call) replayed as flagos graphs, one per input signature."""
+
+    def __init__(
+        self,
+        model: Callable,
+        static_input_idxs: Sequence[int],
+        mutated_input_idxs: Sequence[int],
+        device_index: int,
+        rerecord_limit: int,
+    ):
+        self.model = model
+        self.static_input_idxs = sorted(set(static_input_idxs))
+        self.mutated_input_idxs = tuple(mutated_input_idxs)
+        self.device_index = device_index
+        self.rerecord_limit = rerecord_limit
+        self.recordings: list[_Recording] = []  # the last one used first
+        self.warmed_up: set[tuple] = set()
+        self.warned = False
+        self.lock = threading.Lock()
+
+    def _static_idxs(self, inputs: Sequence[Any]) -> list[int]:
+        # A static input that is not aligned as Inductor's kernels assume is copied like any other input.
+        return [
+            i
+            for i in self.static_input_idxs
+            if i < len(inputs)
+            and isinstance(inputs[i], torch.Tensor)
+            and inputs[i].data_ptr() % _ALIGNMENT == 0
+        ]
+
+    def _find(self, inputs: Sequence[Any]) -> _Recording | None:
+        for n, recording in enumerate(self.recordings):
+            if recording.matches(inputs):
+                if n:
+                    self.recordings.insert(0, self.recordings.pop(n))
+                return recording
+        return None
+
+    def __call__(self, inputs: list[Any]) -> Any:
+        with self.lock:
+            return self._call(inputs)
+
+    def _call(self, inputs: list[Any]) -> Any:
+        if torch.flagos.is_current_stream_capturing():
+            # Inside the caller's own capture the compiled code is captured with the rest of it.
+            _count("eager")
+            return self.model(inputs)
+        recording = self._find(inputs)
+        if recording is None:
+            static_idxs = self._static_idxs(inputs)
+            key = _signature(inputs, static_idxs)
+            if key not in self.warmed_up or len(self.recordings) >= self.rerecord_limit:
+                # The first call of a signature warms up; past the limit a signature runs without replay.
+                if key in self.warmed_up:
+                    self._warn_limit()
+                elif len(self.warmed_up) > 4 * self.rerecord_limit:
+                    self.warmed_up.clear()
+                self.warmed_up.add(key)
+                _count("eager")
+                return self.model(inputs)
+            pool = self.recordings[-1].graph.pool() if self.recordings else None
+            recording = _Recording(
+                self.model, inputs, static_idxs, self.mutated_input_idxs, self.device_index, pool
+            )
+            self.recordings.insert(0, recording)
+            _count("recorded")
+        _count("replayed")
+        result = recording.run(inputs)
+        inputs.clear()
+        return result
+
+    def _warn_limit(self) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"torch.compile on '{DEVICE_TYPE}': a compiled graph was recorded for "
+                f"{self.rerecord_limit} input signatures (shapes, or a different tensor as a static input); "
+                "further signatures run without graph replay "
+                "(torch._inductor.config.triton.cudagraph_unexpected_rerecord_limit)",
+                stacklevel=3,
+            )
