@@ -500,8 +500,9 @@ def _short_path(path: str) -> str:
 # Diagnoses of a failed capture, from the frames active when it failed (autotuning and Triton's compiler
 # anywhere on the stack; the others in the innermost frames or the messages).
 _AUTOTUNE = re.compile(r"autotuner|libtuner|LibTuner|do_bench|bench(mark)?", re.I)
-_COMPILE = re.compile(
-    r"(^|/)triton/(compiler|backends|runtime/build)|_init_handles|load_binary|make_launcher|\b_do_compile\b"
+_COMPILE = re.compile(  # not triton/backends/*/driver.py as such: every launch passes through it
+    r"(^|/)triton/(compiler/|runtime/build)|triton/backends/\w+/compiler|_init_handles|load_binary"
+    r"|make_launcher|\b_do_compile\b"
 )
 _HOST_SYNC = re.compile(
     r"\.item\(|_local_scalar_dense|\.tolist\(|\.cpu\(|\.numpy\(|blocking copy"
