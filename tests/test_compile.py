@@ -439,7 +439,9 @@ def test_reduce_overhead_training_step():
     after = graph_replay.stats()
     replays = {key: after[key] - before[key] for key in after}
     if torch_fl._compile.flavour() == "triton":
-        assert replays == {"eager": 2, "recorded": 2, "replayed": 6}, replays
+        # forward: warm-up, record, 2 replays; backward: warm-up (the eager forward's saved tensors), warm-up
+        # (copies out of replays), record, replay (test_compile_graph_replay.py says why).
+        assert replays == {"eager": 3, "recorded": 2, "replayed": 5}, replays
     else:
         assert replays == {"eager": 0, "recorded": 0, "replayed": 0}
 

@@ -153,6 +153,22 @@ def test_a_callable_records_after_another_one_was_dropped():
         gc.collect()
 
 
+def test_outputs_of_a_replay_are_copied_where_another_graph_declares_them_static():
+    """A backward graph's saved tensors come declared static; the forward's outputs are fresh copies each
+    call, so they are copied into the backward's buffers rather than recorded again every call."""
+    forward = runner(lambda x: [x * 2])
+    backward = runner(lambda saved, grad: [saved * grad], static=(0,))
+    before = graph_replay.stats()
+    for i in range(4):
+        (saved,) = forward([t(i, i)])
+        (grad,) = backward([saved, t(1, 3)])
+        assert grad.cpu().tolist() == [2 * i, 6 * i]
+    # forward: warm-up, record, 2 replays; backward: warm-up on the eager forward's output (static), warm-up
+    # on a copy (copied in), record, replay.
+    assert delta(before) == {"eager": 3, "recorded": 2, "replayed": 5}
+    assert len(backward.recordings) == 1
+
+
 @pytest.mark.parametrize("constants", [(), (torch.zeros(1),)])
 def test_is_flagos_graph(constants):
     assert graph_replay.is_flagos_graph([t(1)], constants)

@@ -153,9 +153,20 @@ class _Recording:
         self.graph.replay()
         for i in self.copy_back_idxs:
             inputs[i].copy_(self.buffers[i])
-        results = [o.clone(memory_format=torch.preserve_format) if isinstance(o, torch.Tensor) else o
-                   for o in self.outputs]  # fmt: skip
+        results = [_output_copy(o) if isinstance(o, torch.Tensor) else o for o in self.outputs]
         return results if self.output_is_sequence else results[0]
+
+
+_COPY_MARK = "_flagos_graph_output"
+
+
+def _output_copy(output: torch.Tensor) -> torch.Tensor:
+    """A replay's output, copied out and marked: Inductor declares a backward graph's saved tensors static
+    (the trees keep them at fixed addresses in their pool), but the forward's copies are new tensors every
+    step, so a backward runner copies marked inputs into its buffers instead of recording again per step."""
+    copy = output.clone(memory_format=torch.preserve_format)
+    setattr(copy, _COPY_MARK, True)
+    return copy
 
 
 def _copy_expanded(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -194,13 +205,15 @@ class GraphRunner:
         self.lock = threading.Lock()
 
     def _static_idxs(self, inputs: Sequence[Any]) -> list[int]:
-        # A static input that is not aligned as Inductor's kernels assume is copied like any other input.
+        # Copied like any other input: a static input that is not aligned as Inductor's kernels assume, and
+        # one that is another graph's copied-out output (a new tensor each call: _output_copy).
         return [
             i
             for i in self.static_input_idxs
             if i < len(inputs)
             and isinstance(inputs[i], torch.Tensor)
             and inputs[i].data_ptr() % _ALIGNMENT == 0
+            and not getattr(inputs[i], _COPY_MARK, False)
         ]
 
     def _find(self, inputs: Sequence[Any]) -> _Recording | None:
