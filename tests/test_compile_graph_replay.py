@@ -169,6 +169,21 @@ def test_outputs_of_a_replay_are_copied_where_another_graph_declares_them_static
     assert len(backward.recordings) == 1
 
 
+def test_a_graph_that_cannot_be_captured_runs_eagerly_with_one_warning():
+    """A host read (``.item()``) fails the capture; the call and later ones of that signature still give
+    the right result, without replay."""
+    run = runner(lambda x: [x * x.sum().item()])
+    before = graph_replay.stats()
+    caught_all = []
+    for i in range(4):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert run([t(i, 1)])[0].cpu().tolist() == [i * (i + 1), i + 1]
+        caught_all += [str(w.message) for w in caught if "could not be captured" in str(w.message)]
+    assert delta(before) == {"eager": 4, "recorded": 0, "replayed": 0}
+    assert len(caught_all) == 1 and not run.recordings
+
+
 @pytest.mark.parametrize("constants", [(), (torch.zeros(1),)])
 def test_is_flagos_graph(constants):
     assert graph_replay.is_flagos_graph([t(1)], constants)

@@ -201,6 +201,7 @@ class GraphRunner:
         self.rerecord_limit = rerecord_limit
         self.recordings: list[_Recording] = []  # the last one used first
         self.warmed_up: set[tuple] = set()
+        self.uncapturable: set[tuple] = set()  # signatures whose capture failed
         self.warned = False
         self.lock = threading.Lock()
 
@@ -246,10 +247,24 @@ class GraphRunner:
                 self.warmed_up.add(key)
                 _count("eager")
                 return self.model(inputs)
+            if key in self.uncapturable:
+                _count("eager")
+                return self.model(inputs)
             pool = self.recordings[-1].graph.pool() if self.recordings else None
-            recording = _Recording(
-                self.model, inputs, static_idxs, self.mutated_input_idxs, self.device_index, pool
-            )
+            try:
+                recording = _Recording(
+                    self.model, inputs, static_idxs, self.mutated_input_idxs, self.device_index, pool
+                )
+            except Exception as error:  # the capture failed: nothing ran; this signature runs eagerly
+                self.uncapturable.add(key)
+                warnings.warn(
+                    f"torch.compile on '{DEVICE_TYPE}': a compiled graph could not be captured for replay "
+                    f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                    "it runs without graph replay for these inputs",
+                    stacklevel=3,
+                )
+                _count("eager")
+                return self.model(inputs)
             self.recordings.insert(0, recording)
             _count("recorded")
         _count("replayed")
