@@ -20,13 +20,18 @@ its range say how far one run's ratio can be trusted.
 ``--compile``: the same three measurements under ``torch.compile`` (Inductor, default mode) on both devices:
 prefill through the compiled model, decode through ``generate`` with a static cache and its decoding step
 compiled (a ``CompileConfig`` in ``--decode-mode``, reduce-overhead by default, on both devices), and the
-whole training step compiled (``_qwen3.compiled_train_step``); the reference's compiled training runs in
-a process of its own as above. Compiled runs warm up twice. Also the first call of each, compilation
-included, on each device in a fresh process with empty Inductor and Triton caches (in one process the
-second device would find the first's kernels compiled: they are the same Triton or C++ source). Inductor
-has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's compiled
-prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which Qwen3's graphs
-do not have.
+whole training step compiled (``_qwen3.compiled_train_step``). Compiled runs warm up twice. Also the first
+call of each, compilation included, with empty Inductor and Triton caches on each device: this process
+starts with empty caches and flagos runs first; the reference's first prefill and decode run in a fresh
+process of their own before (in this one it would find flagos's kernels compiled: the same Triton or C++
+source), in the same order; compiled training runs in a fresh process per device (the reference's never
+imports torch_fl), whose first step is its first call. First calls are reported for the first config only.
+Inductor has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's
+compiled prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which
+Qwen3's graphs do not have.
+
+``--parts`` measures some of prefill, decode and train only (all by default): at the 0.6b shape a compiled
+run of all three does not fit a 10-minute GPU call (compiling the training step takes minutes per device).
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -46,20 +51,25 @@ where the inference overhead goes.
 ``--new-tokens`` tokens, in tokens/s of the decode loop: the reference device eager and with its graph
 (``torch.cuda.CUDAGraph`` on cuda), flagos eager and with ``torch.flagos.FlagosGraph`` for each config, and
 Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
-in a process that never imports torch_fl. The token ids of every graph run are checked against its eager
-run. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph / reference eager.
+in a process that never imports torch_fl; on a GPU also the same ``generate`` on flagos (native routing) in a
+fresh process, compiled as generate compiles on cuda (docs/compile.md): the recipe users pick, on both
+devices. The token ids of every graph run are checked against its eager run. Ratios: flagos graph /
+reference graph, flagos graph / Hugging Face, flagos graph / reference eager, and Hugging Face static on
+flagos / on the reference.
 
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
+                               [--parts prefill,decode,train]
     python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -70,6 +80,7 @@ import torch
 import torch_fl
 from torch_fl import _qwen3
 
+_PARTS = ("prefill", "decode", "train")
 _DEFAULTS = {  # shape -> (prompt length, new tokens, batch, train length); 0.6b as in docs/design.md
     "tiny": (128, 32, 2, 128),
     "0.6b": (512, 32, 2, 512),
@@ -111,7 +122,8 @@ class _DecodeClock:
 
 
 class Workload:
-    """The three measurements for one device."""
+    """The measurements of ``parts`` (prefill, decode, train) for one device. Each call records its wall
+    time, compilation included on a first compiled call, in ``last_seconds``."""
 
     def __init__(
         self,
@@ -120,6 +132,7 @@ class Workload:
         device: str,
         sizes: tuple[int, int, int, int],
         vocab: int,
+        parts: list[str],
         decode_mode: str | None = None,
     ):
         prompt_length, self.new_tokens, batch, train_length = sizes
@@ -127,30 +140,30 @@ class Workload:
         self.spec = spec  # how to build `master` again (_qwen3.build_model's arguments)
         # decode_mode None: eager; else torch.compile everywhere, generate's decoding step in this mode
         self.decode_mode = decode_mode
-        self.model = _qwen3.copy_to(master, device)
-        self.prefill_model = torch.compile(self.model) if decode_mode else self.model
-        self.trains_here = _qwen3.backward_runs_here(device)
+        if "prefill" in parts or "decode" in parts:
+            self.model = _qwen3.copy_to(master, device)
+            self.prefill_model = torch.compile(self.model) if decode_mode else self.model
+        # A compiled training step runs in a fresh process on both devices (train_elsewhere), so that its
+        # first call compiles with empty caches on each; an eager one here, where a backward can run.
+        self.trains_here = "train" in parts and not decode_mode and _qwen3.backward_runs_here(device)
         if self.trains_here:
             self.train_model = _qwen3.copy_to(master, device).train()
             self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
-            self.train_step = (
-                _qwen3.compiled_train_step(self.train_model, self.opt)
-                if decode_mode
-                else (lambda ids: _qwen3.train_step(self.train_model, self.opt, ids))
-            )
         g = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(0, vocab, (1, prompt_length), generator=g).to(device)
         self.decode_prompt = torch.randint(0, vocab, (1, 16), generator=g).to(device)
         self.train_ids = torch.randint(0, vocab, (batch, train_length), generator=g)
         self.clock = _DecodeClock()
         self.decode_busy: list[float] = []
+        self.last_seconds = 0.0
 
     def prefill(self) -> float:
         def run():
             with torch.no_grad():
                 self.prefill_model(self.prompt, logits_to_keep=1)
 
-        return _timed(run, self.device)
+        self.last_seconds = _timed(run, self.device)
+        return self.last_seconds
 
     def decode(self) -> float:
         """tokens/s of greedy decoding, the first new token (prefill) excluded. Also records in
@@ -168,31 +181,38 @@ class Workload:
         wall, cpu = time.perf_counter(), time.thread_time()
         _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock, **generation)
         _qwen3.synchronize(self.device)
-        self.decode_busy.append((time.thread_time() - cpu) / (time.perf_counter() - wall))
+        self.last_seconds = time.perf_counter() - wall
+        self.decode_busy.append((time.thread_time() - cpu) / self.last_seconds)
         return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
     def train(self) -> float:
         ids = self.train_ids.to(self.device)
-        return _timed(lambda: self.train_step(ids), self.device)
+        self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
+        return self.last_seconds
 
-    def train_elsewhere(self, repeats: int) -> list[float]:
-        """Step times from a fresh process without torch_fl (one warm-up step, two compiled, then
-        ``repeats``), with empty compiler caches of its own when compiling."""
+    def train_elsewhere(self, repeats: int, config_file: str) -> tuple[float, list[float]]:
+        """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
+        does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
+        own. One warm-up step (two compiled), then ``repeats``: returns the first step's seconds
+        (compilation included) and the timed steps'."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
-            env = _fresh_compiler_caches(caches) if compile else None
+            env = _fresh_compiler_caches(caches) if compile else {}
+            if self.device == "flagos":
+                env["FLAGOS_BACKEND_CONFIG"] = config_file
             times = _qwen3.run_in_clean_process(
                 "time_train_steps",
                 self.spec,
                 env=env,
+                with_torch_fl=self.device == "flagos",
                 device=self.device,
                 ids=self.train_ids,
                 repeats=repeats,
                 compile=compile,
                 warmup=warmup,
             )
-        return times[warmup:]
+        return times[0], times[warmup:]
 
 
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
@@ -203,34 +223,48 @@ def _fresh_compiler_caches(folder: str) -> dict[str, str]:
     }
 
 
-def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float, float, list[float]]]:
-    """name -> (median on the reference, median on flagos, flagos/reference ratio of each repeat's pair).
+@dataclasses.dataclass
+class Result:
+    ref: float  # median on the reference
+    fl: float  # median on flagos
+    pairs: list[float]  # flagos/reference of each pair; empty where the two did not run in pairs
+    first: dict[str, float]  # device -> seconds of its first call (compiled runs; compilation included)
 
-    One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
+
+def measure(
+    ref: Workload, fl: Workload, repeats: int, parts: list[str], config_file: str
+) -> dict[str, Result]:
+    """One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
     order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
-    and each pair gives a ratio of its own. A reference that cannot train in this process trains first, in a
-    process of its own: no pairs then (an empty list)."""
+    and each pair gives a ratio of its own. Flagos runs first, so its first compiled call is a cold one.
+    Training that cannot run here (the reference on CUDA; compiled, both devices) runs in fresh processes,
+    the reference's first: no pairs then."""
     results = {}
     for workload in (ref, fl):
         workload.decode_busy.clear()  # this config's runs only
-    for name in ("prefill", "decode", "train"):
+    warmups = 2 if fl.decode_mode else 1  # a second generate recompiles its decoding step (new cache tensors)
+    for name in parts:
         samples: dict[str, list[float]] = {"ref": [], "fl": []}
+        first: dict[str, float] = {}
         workloads = [("ref", ref), ("fl", fl)]
-        paired = True
-        if name == "train" and not ref.trains_here:
-            samples["ref"] = ref.train_elsewhere(repeats)
-            workloads = [("fl", fl)]
-            paired = False
-        # Negative repeats warm up; compiled, twice: a second generate recompiles its decoding step once more
-        # (the static cache's new tensors).
-        warmups = 2 if fl.decode_mode else 1
+        if name == "train":
+            for key, workload in workloads:
+                if not workload.trains_here:
+                    first[workload.device], samples[key] = workload.train_elsewhere(repeats, config_file)
+            workloads = [(key, w) for key, w in workloads if w.trains_here]
         for repeat in range(-warmups, repeats):
             for key, workload in workloads if repeat % 2 else workloads[::-1]:
                 value = getattr(workload, name)()
                 if repeat >= 0:
                     samples[key].append(value)
-        pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if paired else []
-        results[name] = (statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs)
+                elif repeat == -warmups and fl.decode_mode:
+                    first[workload.device] = workload.last_seconds
+        pairs = (
+            [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if len(workloads) == 2 else []
+        )
+        results[name] = Result(
+            statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs, first
+        )
         print(f"  .. {name}: done", flush=True)
     _qwen3.let_autograd_threads_finish()
     return results
@@ -239,162 +273,30 @@ def measure(ref: Workload, fl: Workload, repeats: int) -> dict[str, tuple[float,
 def _paired(pairs: list[float]) -> str:
     """The median of the pairs' ratios and their range, or why there are none."""
     if not pairs:
-        return "-  (reference in another process: no pairs)"
+        return "-  (run in processes of their own: no pairs)"
     return f"{statistics.median(pairs):.2f}  ({min(pairs):.2f}-{max(pairs):.2f} over {len(pairs)})"
 
 
-def _explain(name: str) -> str | None:
-    try:
-        return torch_fl.routing.explain(name)
-    except (torch_fl.routing.RoutingError, RuntimeError):
-        return None
-
-
-def _backend_of(name: str) -> str | None:
-    """The backend word of ``torch_fl.routing.explain(name)``; where ``name`` runs a composite kernel
-    calling a routed op ('probably aten::mm.out'), that op's; ``flagos`` for ops with a kernel of their own."""
-    text = _explain(name)
-    piece = text and re.search(r"\(probably (\S+)\)", text)
-    text = (piece and _explain(piece.group(1))) or text
-    if not text:
-        return None
-    if "a kernel of its own" in text:
-        return "flagos"
-    return text.partition(" -> ")[2].split(" ", 1)[0] or None
-
-
-def _backend(op: str) -> str:
-    """Which flagos backend serves ``op`` (a profiler name, no overload) under the current config: for a
-    name without a default overload (aten::add), its functional overloads' backends, '/'-joined where they
-    differ; '?' where explain cannot say."""
-    backend = _backend_of(op)
-    if backend is None:
-        try:
-            overloads = getattr(torch.ops.aten, op.removeprefix("aten::")).overloads()
-        except (AttributeError, RuntimeError):
-            overloads = []
-        backends = {_backend_of(f"{op}.{overload}") for overload in overloads if not overload.endswith("out")}
-        backend = "/".join(sorted(backends - {None}))
-    return backend or "?"
-
-
-def _self_device_us(event) -> float:
-    """The kernel time attributed to a profiler event (``self_cuda_time_total`` before torch 2.4)."""
-    value = getattr(event, "self_device_time_total", None)
-    return event.self_cuda_time_total if value is None else value
-
-
-def top_ops(fl: Workload, n: int) -> None:
-    """Profiles one prefill, decode and training step on flagos and prints the ``n`` aten ops with the
-    most self device time. The profiler names events without their overload, so a call nested in one of
-    the same name (flagos's composite aten::mm calling aten::mm.out) is counted once."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    on_cuda = torch_fl.accelerator() == "cuda" and torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with profile(activities=activities) as prof:
-        fl.prefill()
-        fl.decode()
-        fl.train()
-    _qwen3.let_autograd_threads_finish()
-    ops: dict[str, list[float]] = {}  # name -> [calls, self device us, self CPU us]
-    for event in prof.events():
-        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
-            continue
-        row = ops.setdefault(event.name, [0, 0.0, 0.0])
-        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
-        row[1] += _self_device_us(event) if on_cuda else event.self_cpu_time_total
-        row[2] += event.self_cpu_time_total
-    total = sum(row[1] for row in ops.values()) or 1.0
-    top = sorted(ops.items(), key=lambda kv: -kv[1][1])[:n]
-    device = "CUDA kernels" if on_cuda else f"self CPU, flagos on '{torch_fl.accelerator()}'"
-    print(
-        f"  top {len(top)} aten ops on flagos, one prefill, decode and train step profiled "
-        f"(device time: {device}; {total / 1e3:.2f} ms in all aten ops)"
-    )
-    width = max(len(name) for name, _ in top) if top else 0
-    print(f"    {'op':{width}}{'calls':>8}{'device ms':>12}{'share':>8}{'host ms':>12}   backend")
-    for name, (calls, device_us, cpu_us) in top:
-        print(
-            f"    {name:{width}}{calls:8d}{device_us / 1e3:12.2f}{device_us / total:8.1%}"
-            f"{cpu_us / 1e3:12.2f}   {_backend(name)}"
+def reference_first_calls(spec: dict, reference: str, sizes, vocab: int, decode_mode: str, parts) -> dict:
+    """part -> seconds of the reference's first compiled prefill and decode (compilation included), in a
+    fresh process with empty Inductor and Triton caches that never imports torch_fl: in this process it
+    would find flagos's kernels (the same Triton or C++ source) compiled already. The same inputs and order
+    as this process's flagos runs, whose first calls compile with empty caches too (main)."""
+    g = torch.Generator().manual_seed(0)  # as Workload draws them
+    prompt = torch.randint(0, vocab, (1, sizes[0]), generator=g)
+    decode_prompt = torch.randint(0, vocab, (1, 16), generator=g)
+    with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
+        return _qwen3.run_in_clean_process(
+            "time_first_calls",
+            spec,
+            env=_fresh_compiler_caches(caches),
+            device=reference,
+            parts=parts,
+            prompt=prompt,
+            decode_prompt=decode_prompt,
+            new_tokens=sizes[1],
+            decode_mode=decode_mode,
         )
-
-
-def _host_us_by_op(work: Workload) -> tuple[dict[str, list[float]], float]:
-    """One prefill and one decode under the profiler (host activity only): aten op name -> [calls, self
-    host us], and the wall time of the two in us (the profiler's own cost included)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        work.prefill()
-        work.decode()
-    wall = (time.perf_counter() - start) * 1e6
-    ops: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
-            continue
-        row = ops.setdefault(event.name, [0, 0.0])
-        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
-        row[1] += event.self_cpu_time_total
-    return ops, wall
-
-
-def host_diff(ref: Workload, fl: Workload, n: int) -> None:
-    """Where flagos's inference host time goes beyond the reference's: one prefill and one decode profiled
-    on each device, aten ops by the difference of their self host time (calls, host ms on both)."""
-    ref_ops, ref_wall = _host_us_by_op(ref)
-    fl_ops, fl_wall = _host_us_by_op(fl)
-    names = set(ref_ops) | set(fl_ops)
-    rows = []
-    for name in names:
-        rc, rt = ref_ops.get(name, [0, 0.0])
-        fc, ft = fl_ops.get(name, [0, 0.0])
-        rows.append((ft - rt, name, int(rc), int(fc), rt, ft))
-    rows.sort(reverse=True)
-    ref_total = sum(r[4] for r in rows)
-    fl_total = sum(r[5] for r in rows)
-    print(
-        f"  host time of one prefill and one decode, profiled: wall {ref_wall / 1e3:.1f} ms on {ref.device}, "
-        f"{fl_wall / 1e3:.1f} ms on flagos; self host time in aten ops {ref_total / 1e3:.1f} ms and "
-        f"{fl_total / 1e3:.1f} ms"
-    )
-    top = rows[:n]
-    width = max((len(r[1]) for r in top), default=2)
-    print(f"    {'op':{width}}{'calls':>8}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}")
-    for diff, name, rc, fc, rt, ft in top:
-        print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
-
-
-def first_calls(spec: dict, reference: str, sizes, vocab: int, decode_mode: str) -> dict[str, dict]:
-    """device -> seconds of its first compiled prefill, decode and training step (compilation included),
-    each device in a fresh process with empty Inductor and Triton caches: in one process the second device
-    would find the first's kernels (the same Triton or C++ source) compiled already. The reference's process
-    never imports torch_fl (its training step's backward needs that on CUDA)."""
-    prompt_length, new_tokens, batch, train_length = sizes
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        prompt=torch.randint(0, vocab, (1, prompt_length), generator=g),
-        decode_prompt=torch.randint(0, vocab, (1, 16), generator=g),
-        new_tokens=new_tokens,
-        train_ids=torch.randint(0, vocab, (batch, train_length), generator=g),
-        decode_mode=decode_mode,
-    )
-    results = {}
-    for device in ("flagos", reference):
-        with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
-            results[device] = _qwen3.run_in_clean_process(
-                "time_first_calls",
-                spec,
-                env=_fresh_compiler_caches(caches),
-                with_torch_fl=device == "flagos",
-                device=device,
-                **inputs,
-            )
-    return results
 
 
 def _use_config(config: str, native_file: str) -> str:
@@ -407,85 +309,26 @@ def _use_config(config: str, native_file: str) -> str:
     return os.path.abspath(config)
 
 
-def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int):
-    from torch_fl._static_decode import StaticGreedyDecoder
-
-    decoder = StaticGreedyDecoder(model, graphs=graphs)
-    speeds, tokens = [], None
-    for _ in range(repeats + 1):  # the first run warms up
-        tokens = decoder.generate(ids, new_tokens).cpu()
-        speeds.append((new_tokens - 1) / decoder.decode_seconds)
-    return statistics.median(speeds[1:]), tokens
-
-
-def graphs_main(master, spec, reference: str, configs: list[str], new_tokens: int, repeats: int) -> int:
-    ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
-    rows, failures = {}, []
-    ref_model = _qwen3.copy_to(master, reference)
-    rows[f"{reference} eager"], ref_tokens = _decode_tokens_per_s(
-        ref_model, ids.to(reference), new_tokens, False, repeats
-    )
-    if reference != "cpu":
-        rows[f"{reference} graph"], tokens = _decode_tokens_per_s(
-            ref_model, ids.to(reference), new_tokens, True, repeats
+def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | None) -> None:
+    """The table of one config's results; with ``ref_first`` (compiled, the first config), first calls."""
+    labels = {
+        "prefill": (f"prefill 1x{sizes[0]} (ms)", 1e3, "time"),
+        "decode": ("decode (tokens/s)", 1.0, "speed"),
+        "train": (f"train step {sizes[2]}x{sizes[3]} (ms)", 1e3, "time"),
+    }
+    print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}   paired: median (range)")
+    for part, result in results.items():
+        label, scale, kind = labels[part]
+        ratio = f"{kind} {result.fl / result.ref:.2f}"
+        print(
+            f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}{_paired(result.pairs)}"
         )
-        if not torch.equal(tokens, ref_tokens):
-            failures.append(f"{reference} graph tokens differ from {reference} eager")
-    del ref_model
-    fl_model = _qwen3.copy_to(master, "flagos")
-    with tempfile.TemporaryDirectory() as tmp:
-        native_file = os.path.join(tmp, "native.conf")
-        with open(native_file, "w") as f:
-            f.write("# no rules\n")
-        for config in configs:
-            _use_config(config, native_file)
-            name = "native" if config == "native" else os.path.basename(config)
-            eager, eager_tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, False, repeats)
-            rows[f"flagos eager ({name})"] = eager
-            try:
-                speed, tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, True, repeats)
-            except Exception as e:  # reported, not hidden: a config whose ops cannot be captured
-                failures.append(f"flagos graph ({name}): {type(e).__name__}: {str(e).splitlines()[0]}")
-                continue
-            rows[f"flagos graph ({name})"] = speed
-            if not torch.equal(tokens, eager_tokens):
-                failures.append(f"flagos graph ({name}) tokens differ from flagos eager ({name})")
-    del fl_model
-    try:
-        per_token = _qwen3.run_in_clean_process(
-            "hf_static_decode_seconds",
-            spec,
-            device=reference,
-            prompt=16,
-            tokens=(new_tokens // 2, new_tokens),
-            repeats=repeats,
-        )
-        rows[f"Hugging Face static cache ({reference}, clean process)"] = 1.0 / statistics.median(per_token)
-    except Exception as e:  # noqa: BLE001 - reported below
-        failures.append(f"Hugging Face static-cache anchor: {e}")
-
-    print(f"\ndecode tokens/s, batch 1, 16-token prompt, {new_tokens} new tokens (median of {repeats})")
-    for name, value in rows.items():
-        print(f"  {name:<58} {value:10.1f}")
-    native = rows.get("flagos graph (native)")
-    anchors = [
-        (f"{reference} graph", "flagos graph (native) / reference graph"),
-        (
-            f"Hugging Face static cache ({reference}, clean process)",
-            "flagos graph (native) / Hugging Face static",
-        ),
-        (f"{reference} eager", "flagos graph (native) / reference eager"),
-    ]
-    if native:
-        for key, label in anchors:
-            if key in rows:
-                print(f"  {label:<58} {native / rows[key]:10.2f}")
-    for name, value in rows.items():
-        if name.startswith("flagos graph (") and name != "flagos graph (native)":
-            print(f"  {name + ' / reference eager':<58} {value / rows[f'{reference} eager']:10.2f}")
-    for failure in failures:
-        print(f"  FAILED: {failure}")
-    return 1 if failures else 0
+    if ref_first is None:
+        return
+    for part, result in results.items():
+        first = {**result.first, **({reference: ref_first[part]} if part in ref_first else {})}
+        r, f = first[reference], first["flagos"]
+        print(f"  {'first ' + part + ' call (s)':26}{r:12.2f}{f:12.2f}   time {f / r:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,7 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--graphs", action="store_true", help="static-cache decode: eager, graphs, Hugging Face"
     )
+    parser.add_argument(
+        "--parts",
+        default=",".join(_PARTS),
+        help="comma-separated, of prefill, decode, train: what to measure (all by default)",
+    )
     args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(_PARTS))
+    if unknown or not parts:
+        parser.error(f"--parts: {', '.join(unknown) or 'nothing'} given; choose from {', '.join(_PARTS)}")
+    parts = [p for p in _PARTS if p in parts]  # in their fixed order, once each
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.top_ops < 0 or args.host_diff < 0:
@@ -559,53 +412,55 @@ def main(argv: list[str] | None = None) -> int:
         f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
     )
     if args.graphs:
-        return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats)
-    decode_mode = args.decode_mode if args.compile else None
-    if args.compile:
-        print(f"torch.compile: Inductor, default mode; decoding step in mode {decode_mode!r}, static cache")
-        compile_times = first_calls(spec, reference, sizes, c.vocab_size, decode_mode)
-    ref = Workload(master, spec, reference, sizes, c.vocab_size, decode_mode)
-    fl = Workload(master, spec, "flagos", sizes, c.vocab_size, decode_mode)
-    del master
+        from qwen3_graphs import graphs_main
 
-    with tempfile.TemporaryDirectory() as tmp:
+        return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats, _use_config)
+    decode_mode = args.decode_mode if args.compile else None
+    with contextlib.ExitStack() as cleanup:
+        tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_"))
+        ref_first = {}
+        if args.compile:
+            print(
+                f"torch.compile: Inductor, default mode; decoding step in mode {decode_mode!r}, static cache"
+            )
+            # This process compiles flagos's first calls with empty caches too, before anything else.
+            os.environ.update(_fresh_compiler_caches(tmp))
+            inference = [p for p in parts if p != "train"]
+            if inference:
+                ref_first = reference_first_calls(
+                    spec, reference, sizes, c.vocab_size, decode_mode, inference
+                )
+            torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device="flagos"))  # one-time costs, as there
+        ref = Workload(master, spec, reference, sizes, c.vocab_size, parts, decode_mode)
+        fl = Workload(master, spec, "flagos", sizes, c.vocab_size, parts, decode_mode)
+        del master
         native_file = os.path.join(tmp, "native.conf")
         with open(native_file, "w") as f:
             f.write("# no rules: the default chain (native where the native device has a kernel, else cpu)\n")
-        for config in configs:
+        for index, config in enumerate(configs):
             name = _use_config(config, native_file)
             print(f"\nconfig {name}")
             _qwen3.reset_routing_counts()
-            results = measure(ref, fl, args.repeats)
+            results = measure(ref, fl, args.repeats, parts, native_file if config == "native" else config)
             counts = _qwen3.routing_counts()
-            (p_ref, p_fl, p_pairs), (d_ref, d_fl, d_pairs), (t_ref, t_fl, t_pairs) = (
-                results[k] for k in ("prefill", "decode", "train")
-            )
-            rows = [
-                (f"prefill 1x{sizes[0]} (ms)", p_ref * 1e3, p_fl * 1e3, f"time {p_fl / p_ref:.2f}", p_pairs),
-                ("decode (tokens/s)", d_ref, d_fl, f"speed {d_fl / d_ref:.2f}", d_pairs),
-                (
-                    f"train step {sizes[2]}x{sizes[3]} (ms)",
-                    t_ref * 1e3,
-                    t_fl * 1e3,
-                    f"time {t_fl / t_ref:.2f}",
-                    t_pairs,
-                ),
-            ]
-            print(f"  {'':26}{reference:>12}{'flagos':>12}   flagos/{reference}   paired: median (range)")
-            for label, on_ref, on_fl, ratio, pairs in rows:
-                print(f"  {label:26}{on_ref:12.2f}{on_fl:12.2f}   {ratio:<14}{_paired(pairs)}")
-            busy = [statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
-            print(f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)")
-            if args.compile:  # measured once, before the configs, in processes of their own
-                for name in ("prefill", "decode", "train"):
-                    r, f = compile_times[reference][name], compile_times["flagos"][name]
-                    print(f"  {'first ' + name + ' call (s)':26}{r:12.2f}{f:12.2f}   time {f / r:.2f}")
+            report(results, sizes, reference, ref_first if args.compile and index == 0 else None)
+            if "decode" in parts:
+                busy = [
+                    statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)
+                ]  # no warm-up
+                print(
+                    f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)"
+                )
             print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
-            if args.top_ops:
-                top_ops(fl, args.top_ops)
-            if args.host_diff:
-                host_diff(ref, fl, args.host_diff)
+            if args.top_ops or args.host_diff:
+                import qwen3_profile
+
+                if args.top_ops:
+                    qwen3_profile.top_ops(
+                        fl, args.top_ops, [p for p in parts if p != "train" or fl.trains_here]
+                    )
+                if args.host_diff:
+                    qwen3_profile.host_diff(ref, fl, args.host_diff)
     torch_fl.routing.reset(all=True)
     return 0
 

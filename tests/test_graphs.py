@@ -264,11 +264,6 @@ def test_tensor_freed_during_capture():
     assert torch.flagos.memory_allocated() == before
 
 
-@pytest.mark.xfail(
-    BACKED,
-    strict=True,
-    reason="backed by CUDA, memory_allocated() after reset stays 2 KiB above the start (measured on the H100, torch 2.11; not yet traced: see docs/graphs.md)",
-)
 def test_graph_memory_comes_from_its_pool_and_is_released():
     x = torch.ones(1024, device=DEV)
     warm_capture()
@@ -297,11 +292,6 @@ def test_shared_pool_between_graphs():
     assert torch.equal(b.cpu(), torch.full((16,), 6.0))
 
 
-@pytest.mark.xfail(
-    BACKED,
-    strict=True,
-    reason="backed by CUDA, memory_allocated() after reset stays 2 KiB above the start (measured on the H100, torch 2.11; not yet traced: see docs/graphs.md)",
-)
 def test_thousand_capture_replay_reset_cycles_do_not_leak():
     x = torch.ones(256, device=DEV)
     warm_capture()

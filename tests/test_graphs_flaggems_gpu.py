@@ -177,3 +177,38 @@ def test_audit_finds_transformer_ops_capturable_after_warmup(shipped, run_python
         assert warm["flaggems_calls"] > 0, f"{op}: FlagGems did not run eagerly: {warm}"
         assert warm["capture_flaggems_calls"] > 0, f"{op}: FlagGems did not run while capturing: {warm}"
         assert warm["replay_equal"] is True, f"{op}: replay differs from eager: {warm.get('replay_message')}"
+
+
+def test_random_flaggems_op_takes_native_route_inside_capture(gems):
+    """FlagGems' random kernels read the generator's state on the host, so inside a capture the router
+    sends them native, with one warning: replays draw fresh numbers, the ones a cuda graph draws under the
+    same seed, while eager calls stay on FlagGems."""
+    if _flaggems.implementation("aten::rand") is None:
+        pytest.skip("this FlagGems has no aten::rand")
+
+    def replays(device: str, graph_cls) -> list[torch.Tensor]:
+        torch.manual_seed(7)
+        side = torch.cuda.Stream() if device == "cuda" else torch.flagos.Stream()
+        graph = graph_cls()
+        module = torch.cuda if device == "cuda" else torch.flagos
+        with module.graph(graph, stream=side):
+            out = torch.rand(4096, device=device)
+        drawn = []
+        for _ in range(2):
+            graph.replay()
+            drawn.append(out.cpu())
+        graph.reset()
+        return drawn
+
+    with routing.override({"aten::rand": "flaggems"}), RouteCallCounter("aten::rand") as counter:
+        torch.rand(8, device="flagos")
+        assert counter.calls == 1, "FlagGems' rand did not run eagerly"
+        with pytest.warns(UserWarning, match=r"aten::rand runs on the native route inside a graph capture"):
+            on_flagos = replays("flagos", torch.flagos.FlagosGraph)
+        assert counter.calls == 1, "FlagGems' rand ran inside the capture"
+        torch.rand(8, device="flagos")
+        assert counter.calls == 2, "FlagGems' rand did not run eagerly after the capture"
+    assert not torch.equal(on_flagos[0], on_flagos[1]), "the replays drew the same numbers"
+    on_cuda = replays("cuda", torch.cuda.CUDAGraph)
+    for mine, theirs in zip(on_flagos, on_cuda, strict=True):
+        assert torch.equal(mine, theirs)

@@ -455,47 +455,39 @@ def time_train_steps(
 def time_first_calls(
     master,
     device: str,
+    parts: list[str],
     prompt: torch.Tensor,
     decode_prompt: torch.Tensor,
     new_tokens: int,
-    train_ids,
     decode_mode,
 ) -> dict[str, float]:
-    """Seconds of the first compiled call of each workload on ``device``, compilation included: prefill
-    (``torch.compile(model)``), static-cache ``generate`` with its decoding step compiled in
-    ``decode_mode``, and the whole training step (compiled_train_step). For a process of its own with empty
-    compiler caches (benchmarks/qwen3.py): a tiny compile first takes the process's one-time costs."""
+    """Seconds of the first compiled call of each of ``parts``, in this order, on ``device``, compilation
+    included: ``prefill`` (``torch.compile(model)``) and ``decode`` (static-cache ``generate`` with its
+    decoding step compiled in ``decode_mode``); a compiled training step's first call is time_train_steps'
+    first time. For a process of its own with empty compiler caches (benchmarks/qwen3.py): a tiny compile
+    first takes the process's one-time costs."""
     from transformers import CompileConfig
 
     torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
     synchronize(device)
-    times = {}
-
-    def first(name, fn):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times[name] = time.perf_counter() - start
-
     model = copy_to(master, device)
     compiled = torch.compile(model)
-    with torch.no_grad():
-        first("prefill", lambda: compiled(prompt.to(device), logits_to_keep=1))
     config = CompileConfig(mode=decode_mode)
     config._compile_all_devices = True
-    first(
-        "decode",
-        lambda: greedy_generate(
+    calls = {
+        "prefill": lambda: compiled(prompt.to(device), logits_to_keep=1),
+        "decode": lambda: greedy_generate(
             model, decode_prompt.to(device), new_tokens, cache_implementation="static", compile_config=config
         ),
-    )
-    train_model = copy_to(master, device).train()
-    step = compiled_train_step(
-        train_model, torch.optim.AdamW(train_model.parameters(), lr=1e-5, foreach=True)
-    )
-    ids = train_ids.to(device)
-    first("train", lambda: step(ids))
+    }
+    times = {}
+    for part in parts:
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            calls[part]()
+        synchronize(device)
+        times[part] = time.perf_counter() - start
     return times
 
 
@@ -527,11 +519,20 @@ module._serve_clean_process(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
 
 
 def hf_static_decode_seconds(
-    model, device: str, prompt: int, tokens: tuple[int, int], repeats: int
+    model, device: str, prompt: int, tokens: tuple[int, int], repeats: int, compile_all_devices: bool = False
 ) -> list[float]:
     """Seconds per decoded token of Hugging Face's ``generate(cache_implementation="static")`` (which
     compiles the forward and replays CUDA graphs on cuda): the difference between generating
-    ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process."""
+    ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process.
+    ``compile_all_devices``: generate's default compile config, told to compile on any device (transformers
+    compiles on cuda-like devices only), as docs/compile.md shows for flagos."""
+    generation = {}
+    if compile_all_devices:
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = True
+        generation["compile_config"] = config
     model = copy_to(model, device)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
     ids = ids.to(device)
@@ -547,6 +548,7 @@ def hf_static_decode_seconds(
                 max_new_tokens=n,
                 min_new_tokens=n,
                 cache_implementation="static",
+                **generation,
             )
         synchronize(device)
         return time.perf_counter() - start

@@ -8,14 +8,18 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/native_boxed.h"
 #include "ops/routes/native_layouts.h"
 #include "ops/routes/python.h"
+#include "runtime/device.h"
 #include "runtime/graph.h"
 #include "runtime/setup.h"
+#include "runtime/stream.h"
 
 namespace flagos::ops {
 namespace {
@@ -84,6 +88,41 @@ void run_route_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_route(B, op, stack);
 }
 
+// Whether a call of `op` draws random numbers: its schema takes a generator, or it is one of the random ops
+// with an overload that takes none (they use the default generator).
+bool draws_random_numbers(const c10::OperatorHandle& op) {
+  for (const c10::Argument& arg : op.schema().arguments()) {
+    c10::TypePtr type = arg.type();
+    if (const auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  }
+  static const std::unordered_set<std::string> without_generator = {
+      "aten::rand",       "aten::randn",           "aten::randint",       "aten::randperm",
+      "aten::rand_like",  "aten::randn_like",      "aten::randint_like",  "aten::native_dropout",
+      "aten::dropout",    "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
+      "aten::dropout_",   "aten::feature_dropout_", "aten::alpha_dropout_", "aten::feature_alpha_dropout_",
+  };
+  return without_generator.count(op.schema().name()) > 0;
+}
+
+// FlagGems' random kernels read the generator's seed and offset on the host when called (FlagGems 5.0), so a
+// captured call would replay the numbers drawn at capture. Inside a capture such a call takes the native
+// route, whose kernels read the philox state the graph advances per replay; warned once per op.
+bool frozen_by_capture(const c10::OperatorHandle& op) {
+  if (!draws_random_numbers(op)) return false;
+  if (!runtime::is_stream_capturing(runtime::current_stream(runtime::current_device()))) return false;
+  static std::mutex mu;
+  static auto* warned = new std::unordered_set<std::string>();  // leaked: calls may come at exit
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned->insert(op.schema().name() + "." + op.schema().overload_name()).second) {
+    TORCH_WARN("torch_fl: ", op_display_name(op.operator_name()),
+               " runs on the native route inside a graph capture, not on flaggems: FlagGems reads the "
+               "random generator's state on the host when called, so its captured call would replay the "
+               "same numbers every time (warned once per op)");
+  }
+  return true;
+}
+
 }  // namespace
 
 const c10::BoxedKernel& route_kernel(Backend backend) {
@@ -107,6 +146,7 @@ uint64_t unboxed_call_count() {
 }
 
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (backend == Backend::kFlagGems && frozen_by_capture(op)) backend = Backend::kNative;
   thread_calls().bump(static_cast<int>(backend));
   switch (backend) {
     case Backend::kNative:

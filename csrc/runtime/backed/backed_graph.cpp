@@ -43,28 +43,48 @@ const at::Generator& native_of(const at::Generator& flagos) {
   return static_cast<FlagosGenerator*>(flagos.unsafeGetGeneratorImpl())->native();
 }
 
+// torch's CUDAGraph keeps the philox seed and offset tensors of every generator state it registered (512 B
+// blocks of the CUDA caching allocator each) until it is destroyed, not on reset(). reset() here destroys it
+// and the next capture builds a fresh one, so that a reset graph holds no memory at all and
+// torch.flagos.memory_allocated() returns to where it was before the capture.
 class CudaBackedGraph final : public DeviceGraph {
  public:
-  explicit CudaBackedGraph(bool keep_graph) : graph_(keep_graph) {}
+  explicit CudaBackedGraph(bool keep_graph) : keep_graph_(keep_graph) {}
 
   void capture_begin(c10::MempoolId_t pool, CaptureErrorMode mode) override {
     // The device's default flagos generator, as CUDA's capture registers its own default generator.
-    graph_.register_generator_state(native_of(default_generator(current_device())));
-    graph_.capture_begin(pool, cuda_capture_mode(mode));
+    graph().register_generator_state(native_of(default_generator(current_device())));
+    graph().capture_begin(pool, cuda_capture_mode(mode));
   }
-  void capture_end() override { graph_.capture_end(); }
-  void instantiate() override { graph_.instantiate(); }
-  void replay() override { graph_.replay(); }
+  void capture_end() override { graph().capture_end(); }
+  void instantiate() override { graph().instantiate(); }
+  void replay() override { graph().replay(); }
   void reset() override { graph_.reset(); }
-  c10::MempoolId_t pool() const override { return const_cast<at::cuda::CUDAGraph&>(graph_).pool(); }
-  void enable_debug_mode() override { graph_.enable_debug_mode(); }
-  void debug_dump(const std::string& path) override { graph_.debug_dump(path); }
+  c10::MempoolId_t pool() const override {
+    TORCH_CHECK(graph_ != nullptr, "Called FlagosGraph.pool() without a preceding successful capture.");
+    return graph_->pool();
+  }
+  void enable_debug_mode() override {
+    debug_ = true;
+    graph().enable_debug_mode();
+  }
+  void debug_dump(const std::string& path) override { graph().debug_dump(path); }
   void register_generator(const at::Generator& generator) override {
-    graph_.register_generator_state(native_of(generator));
+    graph().register_generator_state(native_of(generator));
   }
 
  private:
-  at::cuda::CUDAGraph graph_;
+  at::cuda::CUDAGraph& graph() {
+    if (!graph_) {
+      graph_ = std::make_unique<at::cuda::CUDAGraph>(keep_graph_);
+      if (debug_) graph_->enable_debug_mode();
+    }
+    return *graph_;
+  }
+
+  bool keep_graph_;
+  bool debug_ = false;  // enable_debug_mode() holds for the graphs of later captures too
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;  // null before the first capture and after reset()
 };
 
 }  // namespace

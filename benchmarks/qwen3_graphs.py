@@ -1,0 +1,116 @@
+"""``benchmarks/qwen3.py --graphs``: static-cache greedy decode, eager and replayed as graphs, on the reference
+device and on flagos for each routing config, against Hugging Face's ``generate(cache_implementation=
+"static")`` (see qwen3.py's description)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+
+import torch
+
+from torch_fl import _qwen3
+
+
+def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int):
+    from torch_fl._static_decode import StaticGreedyDecoder
+
+    decoder = StaticGreedyDecoder(model, graphs=graphs)
+    speeds, tokens = [], None
+    for _ in range(repeats + 1):  # the first run warms up
+        tokens = decoder.generate(ids, new_tokens).cpu()
+        speeds.append((new_tokens - 1) / decoder.decode_seconds)
+    return statistics.median(speeds[1:]), tokens
+
+
+def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, config_file: str) -> float:
+    """Hugging Face's static-cache generate on ``device`` in a fresh process: on the reference one that never
+    imports torch_fl; on flagos one that does, with routing config ``config_file``, and the forward compiled
+    as generate compiles it on cuda (transformers compiles on cuda-like devices only unless told)."""
+    per_token = _qwen3.run_in_clean_process(
+        "hf_static_decode_seconds",
+        spec,
+        env={"FLAGOS_BACKEND_CONFIG": config_file} if device == "flagos" else None,
+        with_torch_fl=device == "flagos",
+        device=device,
+        prompt=16,
+        tokens=(new_tokens // 2, new_tokens),
+        repeats=repeats,
+        compile_all_devices=device == "flagos",
+    )
+    return 1.0 / statistics.median(per_token)
+
+
+def graphs_main(
+    master, spec, reference: str, configs: list[str], new_tokens: int, repeats: int, use_config
+) -> int:
+    """``use_config(config, native_file)`` loads a routing config (qwen3.py's)."""
+    ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    rows, failures = {}, []
+    ref_model = _qwen3.copy_to(master, reference)
+    rows[f"{reference} eager"], ref_tokens = _decode_tokens_per_s(
+        ref_model, ids.to(reference), new_tokens, False, repeats
+    )
+    if reference != "cpu":
+        rows[f"{reference} graph"], tokens = _decode_tokens_per_s(
+            ref_model, ids.to(reference), new_tokens, True, repeats
+        )
+        if not torch.equal(tokens, ref_tokens):
+            failures.append(f"{reference} graph tokens differ from {reference} eager")
+    del ref_model
+    fl_model = _qwen3.copy_to(master, "flagos")
+    with tempfile.TemporaryDirectory() as tmp:
+        native_file = os.path.join(tmp, "native.conf")
+        with open(native_file, "w") as f:
+            f.write("# no rules\n")
+        for config in configs:
+            use_config(config, native_file)
+            name = "native" if config == "native" else os.path.basename(config)
+            eager, eager_tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, False, repeats)
+            rows[f"flagos eager ({name})"] = eager
+            try:
+                speed, tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, True, repeats)
+            except Exception as e:  # reported, not hidden: a config whose ops cannot be captured
+                failures.append(f"flagos graph ({name}): {type(e).__name__}: {str(e).splitlines()[0]}")
+                continue
+            rows[f"flagos graph ({name})"] = speed
+            if not torch.equal(tokens, eager_tokens):
+                failures.append(f"flagos graph ({name}) tokens differ from flagos eager ({name})")
+        del fl_model
+        hf_static = f"Hugging Face static cache ({reference}, clean process)"
+        hf_static_flagos = "Hugging Face static cache (flagos, native, compiled, clean process)"
+        devices = {hf_static: reference}
+        if reference != "cpu":  # the recipe of docs/compile.md; on the CPU generate does not replay graphs
+            devices[hf_static_flagos] = "flagos"
+        for row, device in devices.items():
+            try:
+                rows[row] = _hf_static_tokens_per_s(spec, device, new_tokens, repeats, native_file)
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append(f"{row}: {e}")
+
+    print(f"\ndecode tokens/s, batch 1, 16-token prompt, {new_tokens} new tokens (median of {repeats})")
+    for name, value in rows.items():
+        print(f"  {name:<58} {value:10.1f}")
+    native = rows.get("flagos graph (native)")
+    anchors = [
+        (f"{reference} graph", "flagos graph (native) / reference graph"),
+        (
+            f"Hugging Face static cache ({reference}, clean process)",
+            "flagos graph (native) / Hugging Face static",
+        ),
+        (f"{reference} eager", "flagos graph (native) / reference eager"),
+    ]
+    if native:
+        for key, label in anchors:
+            if key in rows:
+                print(f"  {label:<58} {native / rows[key]:10.2f}")
+    if hf_static in rows and hf_static_flagos in rows:
+        label = "Hugging Face static cache: flagos / reference"
+        print(f"  {label:<58} {rows[hf_static_flagos] / rows[hf_static]:10.2f}")
+    for name, value in rows.items():
+        if name.startswith("flagos graph (") and name != "flagos graph (native)":
+            print(f"  {name + ' / reference eager':<58} {value / rows[f'{reference} eager']:10.2f}")
+    for failure in failures:
+        print(f"  FAILED: {failure}")
+    return 1 if failures else 0

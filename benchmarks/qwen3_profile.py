@@ -1,0 +1,137 @@
+"""``benchmarks/qwen3.py --top-ops`` and ``--host-diff``: where flagos's time goes, by aten op, under the
+profiler (see qwen3.py's description)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+import torch_fl
+from torch_fl import _qwen3
+
+
+def _explain(name: str) -> str | None:
+    try:
+        return torch_fl.routing.explain(name)
+    except (torch_fl.routing.RoutingError, RuntimeError):
+        return None
+
+
+def _backend_of(name: str) -> str | None:
+    """The backend word of ``torch_fl.routing.explain(name)``; where ``name`` runs a composite kernel
+    calling a routed op ('probably aten::mm.out'), that op's; ``flagos`` for ops with a kernel of their own."""
+    text = _explain(name)
+    piece = text and re.search(r"\(probably (\S+)\)", text)
+    text = (piece and _explain(piece.group(1))) or text
+    if not text:
+        return None
+    if "a kernel of its own" in text:
+        return "flagos"
+    return text.partition(" -> ")[2].split(" ", 1)[0] or None
+
+
+def _backend(op: str) -> str:
+    """Which flagos backend serves ``op`` (a profiler name, no overload) under the current config: for a
+    name without a default overload (aten::add), its functional overloads' backends, '/'-joined where they
+    differ; '?' where explain cannot say."""
+    backend = _backend_of(op)
+    if backend is None:
+        try:
+            overloads = getattr(torch.ops.aten, op.removeprefix("aten::")).overloads()
+        except (AttributeError, RuntimeError):
+            overloads = []
+        backends = {_backend_of(f"{op}.{overload}") for overload in overloads if not overload.endswith("out")}
+        backend = "/".join(sorted(backends - {None}))
+    return backend or "?"
+
+
+def _self_device_us(event) -> float:
+    """The kernel time attributed to a profiler event (``self_cuda_time_total`` before torch 2.4)."""
+    value = getattr(event, "self_device_time_total", None)
+    return event.self_cuda_time_total if value is None else value
+
+
+def top_ops(fl, n: int, parts: list[str]) -> None:
+    """Profiles one call of each of ``parts`` (prefill, decode, train) of the Workload ``fl`` and prints the ``n`` aten ops with the
+    most self device time. The profiler names events without their overload, so a call nested in one of
+    the same name (flagos's composite aten::mm calling aten::mm.out) is counted once."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = torch_fl.accelerator() == "cuda" and torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        for part in parts:
+            getattr(fl, part)()
+    _qwen3.let_autograd_threads_finish()
+    ops: dict[str, list[float]] = {}  # name -> [calls, self device us, self CPU us]
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        row = ops.setdefault(event.name, [0, 0.0, 0.0])
+        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
+        row[1] += _self_device_us(event) if on_cuda else event.self_cpu_time_total
+        row[2] += event.self_cpu_time_total
+    total = sum(row[1] for row in ops.values()) or 1.0
+    top = sorted(ops.items(), key=lambda kv: -kv[1][1])[:n]
+    device = "CUDA kernels" if on_cuda else f"self CPU, flagos on '{torch_fl.accelerator()}'"
+    print(
+        f"  top {len(top)} aten ops on flagos, one call of each of {', '.join(parts)} profiled "
+        f"(device time: {device}; {total / 1e3:.2f} ms in all aten ops)"
+    )
+    width = max(len(name) for name, _ in top) if top else 0
+    print(f"    {'op':{width}}{'calls':>8}{'device ms':>12}{'share':>8}{'host ms':>12}   backend")
+    for name, (calls, device_us, cpu_us) in top:
+        print(
+            f"    {name:{width}}{calls:8d}{device_us / 1e3:12.2f}{device_us / total:8.1%}"
+            f"{cpu_us / 1e3:12.2f}   {_backend(name)}"
+        )
+
+
+def _host_us_by_op(work) -> tuple[dict[str, list[float]], float]:
+    """One prefill and one decode under the profiler (host activity only): aten op name -> [calls, self
+    host us], and the wall time of the two in us (the profiler's own cost included)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        work.prefill()
+        work.decode()
+    wall = (time.perf_counter() - start) * 1e6
+    ops: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        row = ops.setdefault(event.name, [0, 0.0])
+        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
+        row[1] += event.self_cpu_time_total
+    return ops, wall
+
+
+def host_diff(ref, fl, n: int) -> None:
+    """Where flagos's inference host time goes beyond the reference's: one prefill and one decode profiled
+    on each device, aten ops by the difference of their self host time (calls, host ms on both)."""
+    ref_ops, ref_wall = _host_us_by_op(ref)
+    fl_ops, fl_wall = _host_us_by_op(fl)
+    names = set(ref_ops) | set(fl_ops)
+    rows = []
+    for name in names:
+        rc, rt = ref_ops.get(name, [0, 0.0])
+        fc, ft = fl_ops.get(name, [0, 0.0])
+        rows.append((ft - rt, name, int(rc), int(fc), rt, ft))
+    rows.sort(reverse=True)
+    ref_total = sum(r[4] for r in rows)
+    fl_total = sum(r[5] for r in rows)
+    print(
+        f"  host time of one prefill and one decode, profiled: wall {ref_wall / 1e3:.1f} ms on {ref.device}, "
+        f"{fl_wall / 1e3:.1f} ms on flagos; self host time in aten ops {ref_total / 1e3:.1f} ms and "
+        f"{fl_total / 1e3:.1f} ms"
+    )
+    top = rows[:n]
+    width = max((len(r[1]) for r in top), default=2)
+    print(f"    {'op':{width}}{'calls':>8}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}")
+    for diff, name, rc, fc, rt, ft in top:
+        print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
