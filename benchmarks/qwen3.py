@@ -32,6 +32,9 @@ Qwen3's graphs do not have.
 
 ``--parts`` measures some of prefill, decode and train only (all by default): at the 0.6b shape a compiled
 run of all three does not fit a 10-minute GPU call (compiling the training step takes minutes per device).
+``--train-results DIR`` keeps each training run made in a fresh process (the reference's on CUDA; both
+compiled) in DIR, keyed by its settings, and a later run with the same settings takes it from there: a
+run cut short after the reference's training goes on with flagos's. The report says which were taken.
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -60,7 +63,7 @@ flagos / on the reference.
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
-                               [--parts prefill,decode,train]
+                               [--parts prefill,decode,train] [--train-results DIR]
     python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
@@ -69,6 +72,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
+import json
 import os
 import statistics
 import sys
@@ -190,13 +195,32 @@ class Workload:
         self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
         return self.last_seconds
 
-    def train_elsewhere(self, repeats: int, config_file: str) -> tuple[float, list[float]]:
+    def train_elsewhere(self, repeats: int, config_file: str, saved: str | None) -> tuple[float, list[float]]:
         """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
         does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
         own. One warm-up step (two compiled), then ``repeats``: returns the first step's seconds
-        (compilation included) and the timed steps'."""
+        (compilation included) and the timed steps'. With ``saved`` (a folder), a result of the same
+        settings saved there by an earlier run is taken instead, and a new one is saved."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
+        key = dict(
+            device=self.device,
+            spec={k: str(v) for k, v in self.spec.items()},
+            ids=list(self.train_ids.shape),
+            repeats=repeats,
+            compile=compile,
+            config=open(config_file).read(),
+            torch=torch.__version__,
+        )
+        path = None
+        if saved:
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            path = os.path.join(saved, f"train-{self.device}-{digest}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    record = json.load(f)
+                print(f"  .. train on {self.device}: taken from {path} (run {record['when']})", flush=True)
+                return record["first"], record["times"]
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
             env = _fresh_compiler_caches(caches) if compile else {}
             if self.device == "flagos":
@@ -212,6 +236,11 @@ class Workload:
                 compile=compile,
                 warmup=warmup,
             )
+        print(f"  .. train on {self.device}: first step {times[0]:.1f} s", flush=True)
+        if path:
+            os.makedirs(saved, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(dict(key, first=times[0], times=times[warmup:], when=time.strftime("%F %T")), f)
         return times[0], times[warmup:]
 
 
@@ -232,7 +261,7 @@ class Result:
 
 
 def measure(
-    ref: Workload, fl: Workload, repeats: int, parts: list[str], config_file: str
+    ref: Workload, fl: Workload, repeats: int, parts: list[str], config_file: str, saved: str | None
 ) -> dict[str, Result]:
     """One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
     order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
@@ -250,7 +279,9 @@ def measure(
         if name == "train":
             for key, workload in workloads:
                 if not workload.trains_here:
-                    first[workload.device], samples[key] = workload.train_elsewhere(repeats, config_file)
+                    first[workload.device], samples[key] = workload.train_elsewhere(
+                        repeats, config_file, saved
+                    )
             workloads = [(key, w) for key, w in workloads if w.trains_here]
         for repeat in range(-warmups, repeats):
             for key, workload in workloads if repeat % 2 else workloads[::-1]:
@@ -369,6 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(_PARTS),
         help="comma-separated, of prefill, decode, train: what to measure (all by default)",
     )
+    parser.add_argument(
+        "--train-results",
+        metavar="DIR",
+        help="keep each training run made in a fresh process in DIR, and take one of the same settings "
+        "from there instead of running it again (a run cut short goes on where it stopped)",
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(_PARTS))
@@ -441,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
             name = _use_config(config, native_file)
             print(f"\nconfig {name}")
             _qwen3.reset_routing_counts()
-            results = measure(ref, fl, args.repeats, parts, native_file if config == "native" else config)
+            config_file = native_file if config == "native" else config
+            results = measure(ref, fl, args.repeats, parts, config_file, args.train_results)
             counts = _qwen3.routing_counts()
             report(results, sizes, reference, ref_first if args.compile and index == 0 else None)
             if "decode" in parts:

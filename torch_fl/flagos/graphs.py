@@ -100,9 +100,9 @@ def _check_capture_error_mode(mode: str) -> None:
 class graph:
     """Context manager that captures the flagos work of its body into ``flagos_graph``.
 
-    As ``torch.cuda.graph``: it synchronises the device, collects garbage and empties the cache, then
-    captures on ``stream`` (by default a side stream of the current device: graphs cannot be captured on the
-    default stream). Warm the captured code up on a side stream first (a few eager iterations), so that
+    As ``torch.cuda.graph``: it synchronises the device, empties the cache (and collects garbage first where
+    ``torch.compiler.config.force_cudagraph_gc`` is set), then captures on ``stream`` (by default a side
+    stream of the current device: graphs cannot be captured on the default stream). Warm the captured code up on a side stream first (a few eager iterations), so that
     lazy initialisation, autotuning and first-call compilation do not happen under capture.
 
     Arguments:
@@ -137,7 +137,11 @@ class graph:
 
     def __enter__(self) -> None:
         torch.flagos.synchronize()
-        gc.collect()
+        # As torch.cuda.graph: a garbage collection per capture only where asked for. It can take most of
+        # a second in a process holding a model and Inductor's state, and compiled code in
+        # reduce-overhead mode records a graph whenever a static input moves (a new static KV cache).
+        if getattr(torch.compiler.config, "force_cudagraph_gc", False):
+            gc.collect()
         torch.flagos.empty_cache()
         self._stream_ctx.__enter__()
         try:
