@@ -97,28 +97,47 @@ bool draws_random_numbers(const c10::OperatorHandle& op) {
     if (type->kind() == c10::TypeKind::GeneratorType) return true;
   }
   static const std::unordered_set<std::string> without_generator = {
-      "aten::rand",       "aten::randn",           "aten::randint",       "aten::randperm",
-      "aten::rand_like",  "aten::randn_like",      "aten::randint_like",  "aten::native_dropout",
-      "aten::dropout",    "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
-      "aten::dropout_",   "aten::feature_dropout_", "aten::alpha_dropout_", "aten::feature_alpha_dropout_",
+      "aten::rand",           "aten::randn",
+      "aten::randint",        "aten::randperm",
+      "aten::rand_like",      "aten::randn_like",
+      "aten::randint_like",   "aten::native_dropout",
+      "aten::dropout",        "aten::feature_dropout",
+      "aten::alpha_dropout",  "aten::feature_alpha_dropout",
+      "aten::dropout_",       "aten::feature_dropout_",
+      "aten::alpha_dropout_", "aten::feature_alpha_dropout_",
   };
   return without_generator.count(op.schema().name()) > 0;
 }
 
-// FlagGems' random kernels read the generator's seed and offset on the host when called (FlagGems 5.0), so a
-// captured call would replay the numbers drawn at capture. Inside a capture such a call takes the native
-// route, whose kernels read the philox state the graph advances per replay; warned once per op.
-bool frozen_by_capture(const c10::OperatorHandle& op) {
-  if (!draws_random_numbers(op)) return false;
+// Why FlagGems' implementation of `op` must not run inside a graph capture, or nullptr. Its random kernels
+// read the generator's seed and offset on the host when called (FlagGems 5.0), so a captured call would
+// replay the numbers drawn at capture; its in-place masked_fill_ synchronises with the device (found by
+// tools/flaggems_capture_audit on the H100, FlagGems 5.0.2), which a capture forbids.
+const char* unfit_for_capture(const c10::OperatorHandle& op) {
+  if (draws_random_numbers(op)) {
+    return "FlagGems reads the random generator's state on the host when called, so its captured call would "
+           "replay the same numbers every time";
+  }
+  const std::string& name = op.schema().name();
+  if (name == "aten::masked_fill_")
+    return "FlagGems' masked_fill_ synchronises with the device, which a capture forbids";
+  return nullptr;
+}
+
+// Inside a capture such a call takes the native route (whose random kernels read the philox state the graph
+// advances per replay); warned once per op.
+bool native_inside_capture(const c10::OperatorHandle& op) {
+  const char* why = unfit_for_capture(op);
+  if (why == nullptr) return false;
   if (!runtime::is_stream_capturing(runtime::current_stream(runtime::current_device()))) return false;
   static std::mutex mu;
   static auto* warned = new std::unordered_set<std::string>();  // leaked: calls may come at exit
+  const std::string display = op_display_name(op.operator_name());
   std::lock_guard<std::mutex> lock(mu);
-  if (warned->insert(op.schema().name() + "." + op.schema().overload_name()).second) {
-    TORCH_WARN("torch_fl: ", op_display_name(op.operator_name()),
-               " runs on the native route inside a graph capture, not on flaggems: FlagGems reads the "
-               "random generator's state on the host when called, so its captured call would replay the "
-               "same numbers every time (warned once per op)");
+  if (warned->insert(display).second) {
+    TORCH_WARN("torch_fl: ", display,
+               " runs on the native route inside a graph capture, not on flaggems: ", why,
+               " (warned once per op)");
   }
   return true;
 }
@@ -146,7 +165,7 @@ uint64_t unboxed_call_count() {
 }
 
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (backend == Backend::kFlagGems && frozen_by_capture(op)) backend = Backend::kNative;
+  if (backend == Backend::kFlagGems && native_inside_capture(op)) backend = Backend::kNative;
   thread_calls().bump(static_cast<int>(backend));
   switch (backend) {
     case Backend::kNative:
