@@ -194,7 +194,9 @@ def test_benchmark_top_ops(run_python, qwen3):
     args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
     result = run_python("", args=[*args, "--top-ops", "3"], timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
-    table = result.stdout.split("top 3 aten ops on flagos, one prefill, decode and train step profiled")
+    table = result.stdout.split(
+        "top 3 aten ops on flagos, one call of each of prefill, decode, train profiled"
+    )
     assert len(table) == 2, result.stdout
     lines = table[1].splitlines()[1:]
     header = ["op", "calls", "device", "ms", "share", "host", "ms", "backend"]
