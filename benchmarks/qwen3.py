@@ -412,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not parts:
         parser.error(f"--parts: {', '.join(unknown) or 'nothing'} given; choose from {', '.join(_PARTS)}")
     parts = [p for p in _PARTS if p in parts]  # in their fixed order, once each
+    if args.host_diff and not {"prefill", "decode"} <= set(parts):
+        parser.error("--host-diff profiles prefill and decode: --parts must include both")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.top_ops < 0 or args.host_diff < 0:
