@@ -20,11 +20,15 @@ BACKED = torch_fl._C._backing_type() is not None
 
 def warm_capture():
     """One capture and replay first: what a device's first capture sets up for good (library handles and
-    their workspaces) is not the graph's memory."""
+    their workspaces) is not the graph's memory. Then garbage is collected (torch.flagos.graph, like
+    torch.cuda.graph, no longer does), so that memory measured next counts live tensors only, not cycles
+    that earlier tests left and a later collection frees."""
     x = torch.ones(1, device=DEV)
     g, _ = capture(lambda: x.add_(1))
     g.replay()
     g.reset()
+    del g, x
+    gc.collect()
 
 
 def capture(fn, **kwargs):
