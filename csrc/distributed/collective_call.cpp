@@ -1,6 +1,9 @@
 #include "distributed/collective_call.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include "ops/routes/native_call.h"
 #include "runtime/device.h"
