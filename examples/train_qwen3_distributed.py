@@ -1,4 +1,4 @@
-"""Qwen3 trained on flagos with stock DDP or FSDP2, one process per flagos device, launched by torchrun:
+"""Qwen3 trained with stock DDP or FSDP2, one process per device, launched by torchrun:
 
     torchrun --nproc-per-node 2 examples/train_qwen3_distributed.py --strategy ddp
     torchrun --nproc-per-node 2 examples/train_qwen3_distributed.py --strategy fsdp2
@@ -7,46 +7,91 @@ Each rank trains on flagos:<LOCAL_RANK>. The process group names no backend: fla
 once torch_fl is imported, brings its own (NCCL on NVIDIA GPUs, gloo over host memory on the simulated
 accelerator; docs/distributed.md). The shape is Qwen3 tiny on the simulated accelerator and Qwen3-0.6B's
 architecture (random weights, nothing downloaded) on GPUs, trained in bfloat16 mixed precision there.
-Needs Hugging Face transformers.
+
+``--device cuda`` (NCCL) or ``--device cpu`` (gloo) runs the same training as the reference flagos is
+compared with (benchmarks/distributed.py): such a process never imports torch_fl, so it is plain PyTorch
+(a CUDA backward cannot run in a process that imported torch_fl, pytorch#161129). ``--results FILE``
+writes rank 0's losses and step times as JSON. Needs Hugging Face transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import sys
 import time
 
-# The simulated accelerator has FLAGOS_SIM_DEVICES devices (2 by default): one per local rank here. Read
-# when the device is first used, so it is set before torch_fl is imported. Ignored on GPUs.
-os.environ.setdefault("FLAGOS_SIM_DEVICES", str(max(2, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import torch_fl  # noqa: E402
-from torch_fl import _qwen3  # noqa: E402
+import torch
+import torch.distributed as dist
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
-    p.add_argument("--shape", choices=sorted(_qwen3.SHAPES), help="default: 0.6b on GPUs, tiny on sim")
+    p.add_argument("--device", choices=["flagos", "cuda", "cpu"], default="flagos")
+    p.add_argument("--shape", choices=["tiny", "0.6b"], help="default: 0.6b on GPUs, tiny otherwise")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-4)
-    return p.parse_args()
+    p.add_argument("--results", help="rank 0 writes the losses and step times here (JSON)")
+    args = p.parse_args()
+    for name in ("steps", "batch", "seq_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def load_qwen3_helpers():
+    """torch_fl's Qwen3 helpers (torch_fl/_qwen3.py) loaded as a file: importing them as
+    ``torch_fl._qwen3`` would import torch_fl itself, which the reference devices must not."""
+    spec = importlib.util.find_spec("torch_fl")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("torch_fl is not installed: pip install --no-build-isolation -e . (README.md)")
+    # An editable install lists the build's folder (the compiled part) beside the sources.
+    paths = [os.path.join(d, "_qwen3.py") for d in spec.submodule_search_locations]
+    path = next((p for p in paths if os.path.isfile(p)), None)
+    if path is None:
+        raise SystemExit(f"torch_fl's _qwen3.py is in none of {list(spec.submodule_search_locations)}")
+    module_spec = importlib.util.spec_from_file_location("_qwen3_helpers", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # its dataclasses look their module up there
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def set_up(kind: str, local_rank: int) -> tuple[torch.device, bool]:
+    """The process group and this rank's device; whether it is a GPU (bf16 mixed precision then)."""
+    if kind == "flagos":
+        # The simulated accelerator has FLAGOS_SIM_DEVICES devices (2 by default): one per local rank.
+        # Read when the device is first used, so set before torch_fl is imported. Ignored on GPUs.
+        os.environ.setdefault("FLAGOS_SIM_DEVICES", str(max(2, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+        import torch_fl
+
+        device = torch.device("flagos", local_rank)
+        torch.flagos.set_device(device)
+        dist.init_process_group(device_id=device)
+        return device, torch_fl.accelerator() == "cuda"
+    if kind == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        return device, True
+    dist.init_process_group("gloo")
+    return torch.device("cpu"), False
 
 
 def wrap(model, strategy: str, device: torch.device, mixed_precision: bool):
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index])
+        return DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("flagos", (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if mixed_precision
@@ -58,48 +103,67 @@ def wrap(model, strategy: str, device: torch.device, mixed_precision: bool):
     return fully_shard(model, **kwargs)
 
 
+def describe(device: torch.device) -> str:
+    backend = dist.group.WORLD._get_backend(device)
+    if device.type != "flagos":
+        return f"{device.type} over {type(backend).__name__}"
+    import torch_fl
+
+    return f"flagos ({torch_fl.accelerator()}), the flagos backend over {type(backend.inner).__name__}"
+
+
 def main() -> None:
     args = parse_args()
+    qwen3 = load_qwen3_helpers()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("flagos", local_rank)
-    torch.flagos.set_device(device)
-    dist.init_process_group(device_id=device)
+    device, on_gpu = set_up(args.device, local_rank)
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    on_gpu = torch_fl.accelerator() == "cuda"
     shape = args.shape or ("0.6b" if on_gpu else "tiny")
     # Parameters in float32; on GPUs the forward runs in bfloat16 (DDP: autocast; FSDP2: its policy).
-    model = _qwen3.build_model(shape, seed=0).to(device).train()
+    model = qwen3.build_model(shape, seed=0).to(device).train()
     run = wrap(model, args.strategy, device, mixed_precision=on_gpu)
     autocast = on_gpu and args.strategy == "ddp"
     optimizer = torch.optim.AdamW(run.parameters(), lr=args.lr)
-    vocab = _qwen3.SHAPES[shape]["vocab_size"]
+    vocab = qwen3.SHAPES[shape]["vocab_size"]
     if rank == 0:
-        inner = type(dist.group.WORLD._get_backend(device).inner).__name__
-        print(
-            f"{args.strategy} on {world} ranks: Qwen3 {shape} on flagos ({torch_fl.accelerator()}), "
-            f"the flagos backend over {inner}"
-        )
+        print(f"{args.strategy} on {world} ranks: Qwen3 {shape} on {describe(device)}")
 
+    losses, seconds = [], []
     for step in range(args.steps):
-        # Each rank its own batch (the rank is part of the seed).
+        # Each rank its own batch (the rank is part of the seed), the same on every device.
         g = torch.Generator().manual_seed(step * world + rank)
         ids = torch.randint(0, vocab, (args.batch, args.seq_len), generator=g).to(device)
         start = time.perf_counter()
-        with torch.autocast("flagos", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = run(ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG)
-        seconds = time.perf_counter() - start
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)  # a SUM: gloo, the CPU reference's backend, has no AVG
+        losses.append(total.item() / world)  # .item() waits for the step's device work
+        seconds.append(time.perf_counter() - start)
         if rank == 0:
-            print(f"step {step}: loss {mean_loss.item():.4f} (mean over ranks), {seconds * 1e3:.0f} ms")
+            print(f"step {step}: loss {losses[-1]:.4f} (mean over ranks), {seconds[-1] * 1e3:.0f} ms")
 
+    if rank == 0 and args.results:
+        results = dict(
+            device=args.device,
+            on=describe(device),
+            strategy=args.strategy,
+            shape=shape,
+            world_size=world,
+            mixed_precision=on_gpu,
+            losses=losses,
+            step_seconds=seconds,
+            imported_torch_fl="torch_fl" in sys.modules,
+        )
+        with open(args.results, "w") as f:
+            json.dump(results, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
-    _qwen3.let_autograd_threads_finish()
+    qwen3.let_autograd_threads_finish()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@
 #                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
 #                               # accelerator (torch 2.11's Inductor with the C++-kernel adapter), in parallel
 #   scripts/gpu/all.sh compile-bench  # benchmarks/qwen3.py --compile, alone on the GPU
+#   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): the distributed suite on NCCL, then
+#                               # benchmarks/distributed.py (DDP and FSDP2 Qwen3-0.6B 20 steps against cuda,
+#                               # collective bandwidth 1 MiB-1 GiB)
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
@@ -18,8 +21,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mode=${1:-}
-[[ "$mode" =~ ^(verify|bench|compile|compile-bench)$ ]] \
-  || { echo "usage: scripts/gpu/all.sh verify|bench|compile|compile-bench" >&2; exit 2; }
+[[ "$mode" =~ ^(verify|bench|compile|compile-bench|multi-gpu)$ ]] \
+  || { echo "usage: scripts/gpu/all.sh verify|bench|compile|compile-bench|multi-gpu" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 L=$(mktemp -d /tmp/gpu_all.XXXX)
 DEST=${OUT:-gpu-logs}
@@ -84,6 +87,22 @@ if [ "$mode" = compile-bench ]; then
   timeout $(left 570) python3 benchmarks/qwen3.py --compile --repeats 3 2>&1 | grep -v USDT \
     | tee "$L/qwen3-compile.log" | tail -30
   pkill -f _qwen3_clean_process || true
+  echo "== [$SECONDS s] done"
+  exit 0
+fi
+if [ "$mode" = multi-gpu ]; then
+  # NVLink multicast stays off on the lent machines (the device notes): also in every process started here.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  echo "== [$SECONDS s] $gpus GPUs: the distributed tests on NCCL (one process per GPU), then the benchmark"
+  nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
+  # test_benchmark.py's GPU case is the benchmark's training part, which runs next with 20 steps.
+  timeout $(left 230) python3 -m pytest tests/distributed/test_nccl_gpu.py \
+    -q -p no:cacheprovider -rfEs --tb=short --durations=8 > "$L/dist-tests.log" 2>&1
+  summary dist-tests.log
+  echo "== [$SECONDS s] benchmarks/distributed.py, alone on the GPUs"
+  timeout $(left 585) python3 benchmarks/distributed.py --repeats ${DIST_REPEATS:-1} --json "$L/distributed.json" \
+    2>&1 | grep -v USDT | tee "$L/distributed.log" | grep -E "^\||^#|lowest|losses|FAILED|Error|exit code" | head -80
   echo "== [$SECONDS s] done"
   exit 0
 fi

@@ -1,0 +1,403 @@
+"""Distributed flagos against its native device: training step time and loss parity, and collective
+bandwidth, one process per device (docs/distributed.md, figures in docs/performance.md).
+
+    python benchmarks/distributed.py                          # both parts, one rank per visible GPU
+    python benchmarks/distributed.py --parts train --steps 20 --strategies ddp,fsdp2
+    python benchmarks/distributed.py --parts collectives --min-mib 1 --max-mib 1024
+
+The native device is CUDA (NCCL) where flagos is backed by CUDA, else the CPU (gloo), which the simulated
+accelerator's flagos memory is.
+
+- ``train``: ``examples/train_qwen3_distributed.py`` under torchrun with each strategy, on flagos and on the
+  native device (processes that never import torch_fl, so the CUDA backward works there), the runs of one
+  strategy alternating ``--repeats`` times. Reports the median step time after ``--warmup`` steps, flagos /
+  native (target <= 1.03), and compares the loss trajectories: every step's mean loss within the dtype's
+  ``loss_rtol`` (bf16 mixed precision on GPUs, float32 otherwise). Exits 1 if they are not.
+- ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
+  ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
+  native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
+  Size, algorithm and bus bandwidth as nccl-tests define them (size: the larger buffer; bus bandwidth:
+  all_reduce 2(n-1)/n, the others (n-1)/n of size / time); the slowest rank's time counts. Each op's result
+  is checked once on both devices. Target: flagos / native >= 0.97 from 16 MiB up.
+
+``--json FILE`` writes everything measured. Every launch has a time limit (``--timeout``), after which its
+processes are killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+MiB = 1 << 20
+
+
+# ---- The parent: launches, tables, verdicts ---------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="train,collectives", help="comma-separated: train, collectives")
+    p.add_argument("--world-size", type=int, help="default: the visible GPUs backed by CUDA, else 2")
+    p.add_argument("--strategies", default="ddp,fsdp2", help="comma-separated: ddp, fsdp2")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5, help="training steps left out of the step time")
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--shape", choices=["tiny", "0.6b"], help="default: 0.6b on GPUs, tiny otherwise")
+    p.add_argument("--min-mib", type=float, default=1.0)
+    p.add_argument("--max-mib", type=float, help="default: 1024 on GPUs, 64 otherwise")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=900, help="seconds for each launch")
+    p.add_argument("--json", help="write the measurements here")
+    p.add_argument("--collectives-worker", help=argparse.SUPPRESS)  # a rank of the collectives part
+    args = p.parse_args(argv)
+    args.parts = _choices(p, "--parts", args.parts, ("train", "collectives"))
+    args.strategies = _choices(p, "--strategies", args.strategies, ("ddp", "fsdp2"))
+    for name in ("steps", "repeats", "batch", "seq_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.warmup < args.steps:
+        p.error(f"--warmup must be at least 0 and less than --steps ({args.steps}), got {args.warmup}")
+    if args.min_mib <= 0 or (args.max_mib is not None and args.max_mib < args.min_mib):
+        p.error(f"sizes must satisfy 0 < --min-mib <= --max-mib, got {args.min_mib} and {args.max_mib}")
+    if args.world_size is not None and args.world_size < 1:
+        p.error(f"--world-size must be at least 1, got {args.world_size}")
+    return args
+
+
+def _choices(parser, flag: str, value: str, valid: tuple[str, ...]) -> list[str]:
+    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    wrong = [v for v in chosen if v not in valid]
+    if wrong or not chosen:
+        parser.error(f"{flag}: {', '.join(wrong) or 'nothing'} given; valid: {', '.join(valid)}")
+    return chosen
+
+
+def native_device() -> str:
+    """The device type under flagos: cuda when backed by CUDA, else cpu."""
+    import torch_fl
+
+    return "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
+
+
+def child_env(world_size: int) -> dict:
+    env = dict(os.environ)
+    # One simulated device per local rank (ignored on GPUs); single-host rendezvous over loopback.
+    env["FLAGOS_SIM_DEVICES"] = str(max(2, world_size))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # The lent GPU machines keep NVLink multicast off: keep it off in what is started here too.
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    return env
+
+
+def torchrun(world_size: int, script_args: list[str], timeout: float, label: str) -> str:
+    """Runs ``torchrun --standalone --nproc-per-node world_size <script_args>``; its output, or SystemExit
+    naming the launch and showing the output's end when it fails or outlasts ``timeout`` (its processes
+    are killed then)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(world_size),
+    ]
+    proc = subprocess.Popen(
+        command + script_args,
+        env=child_env(world_size),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout kills torchrun and every rank
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise SystemExit(f"{label}: not finished within {timeout:.0f} s, killed\n{output[-6000:]}") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{label}: exit code {proc.returncode}\n{output[-6000:]}")
+    return output
+
+
+def loss_rtol(mixed_precision: bool) -> float:
+    """torch_fl._qwen3's training-loss tolerance for the dtype the model trains in."""
+    import torch
+
+    from torch_fl import _qwen3  # the parent imports torch_fl; the reference's ranks never do
+
+    return _qwen3.TOLERANCES[torch.bfloat16 if mixed_precision else torch.float32].loss_rtol
+
+
+def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
+    rows, all_equal = [], True
+    for strategy in args.strategies:
+        runs = {"flagos": [], native: []}
+        for repeat in range(args.repeats):
+            # Alternating which device goes first, so that a drift of the machine hits both alike.
+            order = ["flagos", native] if repeat % 2 == 0 else [native, "flagos"]
+            for device in order:
+                with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                    path = f.name
+                try:
+                    script = [EXAMPLE, "--device", device, "--strategy", strategy, "--steps", str(args.steps)]
+                    script += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--results", path]
+                    if args.shape:
+                        script += ["--shape", args.shape]
+                    torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
+                    with open(path) as f:
+                        runs[device].append(json.load(f))
+                finally:
+                    os.unlink(path)
+        flagos, reference = runs["flagos"], runs[native]
+        if reference[0]["imported_torch_fl"]:
+            raise SystemExit(f"the {native} reference imported torch_fl: it is not a plain PyTorch run")
+        tolerance = loss_rtol(flagos[0]["mixed_precision"])
+        differences = [
+            abs(a - b) / max(abs(b), 1e-12)
+            for run in flagos
+            for a, b in zip(run["losses"], reference[0]["losses"], strict=True)
+        ]
+        # Every run of a device gives the same losses (same seeds, deterministic kernels) or the comparison
+        # above covers it: each flagos run is compared with the first reference run, and the references
+        # with each other.
+        reference_spread = max(
+            abs(a - b) / max(abs(b), 1e-12)
+            for run in reference
+            for a, b in zip(run["losses"], reference[0]["losses"], strict=True)
+        )
+        equal = max(differences) <= tolerance
+        all_equal &= equal
+        f_ms = statistics.median(s * 1e3 for run in flagos for s in run["step_seconds"][args.warmup :])
+        r_ms = statistics.median(s * 1e3 for run in reference for s in run["step_seconds"][args.warmup :])
+        rows.append(
+            dict(
+                strategy=strategy,
+                shape=flagos[0]["shape"],
+                world_size=world_size,
+                flagos_on=flagos[0]["on"],
+                reference_on=reference[0]["on"],
+                flagos_step_ms=f_ms,
+                reference_step_ms=r_ms,
+                time_ratio=f_ms / r_ms,
+                per_run_ratios=[
+                    statistics.median(a["step_seconds"][args.warmup :])
+                    / statistics.median(b["step_seconds"][args.warmup :])
+                    for a, b in zip(flagos, reference, strict=True)
+                ],
+                max_loss_rel_diff=max(differences),
+                reference_loss_rel_spread=reference_spread,
+                loss_rtol=tolerance,
+                losses_equal=equal,
+                flagos_losses=flagos[0]["losses"],
+                reference_losses=reference[0]["losses"],
+            )
+        )
+    print(
+        f"\n## Training, {args.steps} steps, step time from step {args.warmup} on (median), {args.repeats} run(s) each"
+    )
+    print(
+        "| strategy | shape | ranks | flagos ms | reference ms | flagos / reference | per run | max loss diff | within |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['strategy']} | {r['shape']} | {r['world_size']} | {r['flagos_step_ms']:.1f} "
+            f"| {r['reference_step_ms']:.1f} | **{r['time_ratio']:.3f}** "
+            f"| {', '.join(f'{x:.3f}' for x in r['per_run_ratios'])} | {r['max_loss_rel_diff']:.2e} "
+            f"| {'yes' if r['losses_equal'] else 'NO'} (rtol {r['loss_rtol']:g}) |"
+        )
+    for r in rows:
+        print(f"flagos: {r['flagos_on']}; reference: {r['reference_on']}")
+        print(f"{r['strategy']} losses, flagos:    {' '.join(f'{x:.4f}' for x in r['flagos_losses'])}")
+        print(f"{r['strategy']} losses, reference: {' '.join(f'{x:.4f}' for x in r['reference_losses'])}")
+    return rows, all_equal
+
+
+def sizes_bytes(min_mib: float, max_mib: float) -> list[int]:
+    sizes, size = [], min_mib
+    while size <= max_mib * (1 + 1e-9):
+        sizes.append(int(size * MiB))
+        size *= 4
+    return sizes
+
+
+def run_collectives(args, world_size: int, native: str) -> list[dict]:
+    max_mib = args.max_mib if args.max_mib is not None else (1024.0 if native == "cuda" else 64.0)
+    request = dict(sizes=sizes_bytes(args.min_mib, max_mib), repeats=args.repeats)
+    with tempfile.TemporaryDirectory(prefix="flagos_dist_bench_") as tmp:
+        out = os.path.join(tmp, "collectives.json")
+        request["out"] = out
+        worker = [os.path.abspath(__file__), "--collectives-worker", json.dumps(request)]
+        torchrun(world_size, worker, args.timeout, "collectives")
+        with open(out) as f:
+            rows = json.load(f)
+    kind = "bus" if world_size > 1 else "algorithm"
+    print(
+        f"\n## Collectives, float32, {world_size} ranks, {kind} bandwidth in GB/s (median of {args.repeats})"
+    )
+    print(f"| op | size | flagos | {native} | flagos / {native} |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        size = f"{r['bytes'] / MiB:g} MiB"
+        print(
+            f"| {r['op']} | {size} | {r['flagos_gbs']:.2f} | {r['native_gbs']:.2f} | **{r['ratio']:.3f}** |"
+        )
+    for op in OPS:
+        large = [r["ratio"] for r in rows if r["op"] == op and r["bytes"] >= 16 * MiB]
+        if large:
+            print(f"{op}: lowest flagos / {native} from 16 MiB up: {min(large):.3f} (target >= 0.97)")
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.collectives_worker:
+        collectives_worker(json.loads(args.collectives_worker))
+        return 0
+    import torch
+
+    native = native_device()
+    world_size = args.world_size or (torch.cuda.device_count() if native == "cuda" else 2)
+    if native == "cuda" and world_size > torch.cuda.device_count():
+        raise SystemExit(f"--world-size {world_size}: only {torch.cuda.device_count()} GPU(s) are visible")
+    print(f"flagos on {native}; {world_size} ranks; torch {torch.__version__}")
+    results, ok = {"native": native, "world_size": world_size}, True
+    if "train" in args.parts:
+        results["train"], ok = run_train(args, world_size, native)
+    if "collectives" in args.parts:
+        results["collectives"] = run_collectives(args, world_size, native)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if not ok:
+        print("FAILED: flagos's losses differ from the reference's beyond the tolerance", file=sys.stderr)
+    return 0 if ok else 1
+
+
+# ---- A rank of the collectives part (torchrun starts it with --collectives-worker) -------------------------
+
+
+def collectives_worker(request: dict) -> None:
+    os.environ.setdefault("FLAGOS_SIM_DEVICES", str(max(2, int(os.environ["LOCAL_WORLD_SIZE"]))))
+    import torch
+    import torch.distributed as dist
+
+    import torch_fl  # noqa: F401
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    native = native_device()
+    torch.flagos.set_device(local_rank)
+    if native == "cuda":
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl,flagos:flagos")
+    else:
+        dist.init_process_group("cpu:gloo,flagos:flagos")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    devices = {"flagos": torch.device("flagos", local_rank), "native": torch.device(native, local_rank)}
+    if native == "cpu":
+        devices["native"] = torch.device("cpu")
+
+    def sync(device: torch.device) -> None:
+        if device.type == "flagos":
+            torch.flagos.synchronize()
+        elif device.type == "cuda":
+            torch.cuda.synchronize()
+
+    rows = []
+    for op in OPS:
+        for nbytes in request["sizes"]:
+            numel = max(world, nbytes // 4 // world * world)  # divisible by the world size
+            seconds = {"flagos": [], "native": []}
+            for device in devices.values():
+                check(op, numel, device, rank, world)
+            for repeat in range(request["repeats"]):
+                order = ["flagos", "native"] if repeat % 2 == 0 else ["native", "flagos"]
+                for name in order:
+                    seconds[name].append(time_collective(op, numel, devices[name], sync, world))
+            row = dict(op=op, bytes=numel * 4)
+            factor = (2 if op == "all_reduce" else 1) * (world - 1) / world if world > 1 else 1.0
+            for name in seconds:
+                row[f"{name}_seconds"] = statistics.median(seconds[name])
+                row[f"{name}_gbs"] = numel * 4 / row[f"{name}_seconds"] / 1e9 * factor
+            row["ratio"] = row["flagos_gbs"] / row["native_gbs"]
+            rows.append(row)
+    if rank == 0:
+        with open(request["out"], "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _buffers(op: str, numel: int, device, world: int, fill: float):
+    import torch
+
+    if op == "all_reduce":
+        t = torch.full((numel,), fill, device=device)
+        return t, t
+    if op == "all_gather":  # numel: the gathered output's
+        return torch.full((numel // world,), fill, device=device), torch.empty(numel, device=device)
+    return torch.full((numel,), fill, device=device), torch.empty(numel // world, device=device)
+
+
+def _issue(op: str, inp, out) -> None:
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        dist.all_reduce(inp)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, inp)
+    else:
+        dist.reduce_scatter_tensor(out, inp)
+
+
+def check(op: str, numel: int, device, rank: int, world: int) -> None:
+    """One call on ``device`` whose inputs are rank + 1: the result's ends must be what the op makes."""
+    inp, out = _buffers(op, numel, device, world, float(rank + 1))
+    _issue(op, inp, out)
+    if op == "all_gather":
+        expected = [(1.0, out[0].item()), (float(world), out[-1].item())]
+    else:
+        total = world * (world + 1) / 2
+        expected = [(total, out[0].item()), (total, out[-1].item())]
+    for want, got in expected:
+        if got != want:
+            raise AssertionError(f"rank {rank}: {op} of {numel * 4} bytes on {device} gave {got}, not {want}")
+
+
+def time_collective(op: str, numel: int, device, sync, world: int) -> float:
+    """Seconds per call, the slowest rank's: iterations enough to last a while, after a warm-up call that
+    also lines the ranks up."""
+    import torch
+    import torch.distributed as dist
+
+    inp, out = _buffers(op, numel, device, world, 0.0)
+    iterations = max(5, min(100, (256 * MiB) // max(1, numel * 4)))
+    _issue(op, inp, out)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        _issue(op, inp, out)
+    sync(device)
+    elapsed = torch.tensor([(time.perf_counter() - start) / iterations], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a CPU tensor: the group's gloo
+    return elapsed.item()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""benchmarks/distributed.py on the simulated accelerator, 2 ranks: its training part trains Qwen3 tiny
+with DDP and FSDP2 on flagos and on the CPU (gloo, processes that never import torch_fl) and finds the
+losses equal; its collectives part measures flagos against gloo on CPU tensors and checks each op's
+result. What it prints is measured, not asserted: only that both sides ran. On two or more GPUs the
+same runs compare flagos with cuda on NCCL (marked gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
+
+
+def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env.update(FLAGOS_ACCELERATOR=accelerator, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, BENCHMARK, *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the benchmark, torchrun and the ranks
+        output, _ = proc.communicate()
+        pytest.fail(f"benchmarks/distributed.py did not finish within {timeout} s\n{output[-6000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, None)
+
+
+def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skips without the backend
+    pytest.importorskip("transformers")
+    out = tmp_path / "train.json"
+    args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--seq-len", "32", "--repeats", "1"]
+    proc = run_benchmark([*args, "--json", str(out)], accelerator="sim", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    results = json.loads(out.read_text())
+    assert results["native"] == "cpu" and results["world_size"] == 2
+    rows = {r["strategy"]: r for r in results["train"]}
+    assert sorted(rows) == ["ddp", "fsdp2"]
+    for row in rows.values():
+        assert row["shape"] == "tiny"
+        assert "flagos (sim), the flagos backend over ProcessGroupGloo" in row["flagos_on"]
+        assert row["reference_on"] == "cpu over ProcessGroupGloo"
+        assert row["losses_equal"] and row["max_loss_rel_diff"] <= row["loss_rtol"] == 1e-4
+        assert len(row["flagos_losses"]) == 3
+        # Training moved the loss, so the comparison compares something.
+        assert row["flagos_losses"][0] != row["flagos_losses"][-1]
+        assert row["flagos_step_ms"] > 0 and row["reference_step_ms"] > 0
+    assert "| ddp | tiny | 2 |" in proc.stdout
+
+
+def test_collectives_bandwidth_against_gloo(launch, tmp_path):
+    out = tmp_path / "collectives.json"
+    args = ["--parts", "collectives", "--min-mib", "0.0625", "--max-mib", "0.25", "--repeats", "1"]
+    proc = run_benchmark([*args, "--json", str(out)], accelerator="sim", timeout=200)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    rows = json.loads(out.read_text())["collectives"]
+    assert [(r["op"], r["bytes"]) for r in rows] == [
+        (op, size) for op in ("all_reduce", "all_gather", "reduce_scatter") for size in (65536, 262144)
+    ]
+    for row in rows:
+        assert row["flagos_gbs"] > 0 and row["native_gbs"] > 0
+        assert row["ratio"] == pytest.approx(row["flagos_gbs"] / row["native_gbs"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--parts", "train,bogus"], "--parts: bogus given; valid: train, collectives"),
+        (["--strategies", "zero3"], "--strategies: zero3 given; valid: ddp, fsdp2"),
+        (["--steps", "4", "--warmup", "4"], "--warmup must be at least 0 and less than --steps (4)"),
+        (["--min-mib", "8", "--max-mib", "2"], "0 < --min-mib <= --max-mib"),
+    ],
+)
+def test_bad_arguments_are_named(args, message):
+    proc = subprocess.run([sys.executable, BENCHMARK, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+def test_qwen3_06b_training_matches_cuda_on_nccl(launch, tmp_path):
+    """Qwen3-0.6B, bf16 mixed precision, DDP and FSDP2 on every visible GPU: flagos's losses equal cuda's
+    (NCCL, processes without torch_fl) within bf16's loss tolerance. The 20-step run with timings is
+    benchmarks/distributed.py itself (scripts/gpu/all.sh multi-gpu)."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "train.json"
+    args = ["--parts", "train", "--steps", "6", "--warmup", "2", "--repeats", "1", "--json", str(out)]
+    proc = run_benchmark(args, accelerator="cuda", timeout=500)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    for row in json.loads(out.read_text())["train"]:
+        assert row["shape"] == "0.6b" and "ProcessGroupNCCL" in row["flagos_on"], row
+        assert row["reference_on"] == "cuda over ProcessGroupNCCL"
+        assert row["losses_equal"], row
