@@ -137,17 +137,30 @@ def parse_dtype(name: str, reference: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r} (valid: auto, {', '.join(DTYPES)})") from None
 
 
-def make_config(shape: str):
+def make_config(shape: str, layers: int | None = None):
+    """The config of ``shape``; ``layers``: that many decoder layers instead of the shape's."""
     from transformers import Qwen3Config
 
     if shape not in SHAPES:
         raise ValueError(f"unknown Qwen3 shape {shape!r} (valid: {', '.join(SHAPES)})")
-    return Qwen3Config(**SHAPES[shape], **_COMMON)
+    if layers is not None and layers < 1:
+        raise ValueError(f"a Qwen3 model needs at least 1 layer, got {layers}")
+    return Qwen3Config(
+        **{**SHAPES[shape], **({} if layers is None else {"num_hidden_layers": layers})}, **_COMMON
+    )
 
 
-def build_model(shape: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32, model_path=None):
+def build_model(
+    shape: str = "tiny",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    model_path=None,
+    layers: int | None = None,
+):
     """A Qwen3 causal LM on the CPU in eval mode: random weights from ``seed`` (initialised in float32, so
-    the same on every machine, then cast to ``dtype``), or the checkpoint at ``model_path``."""
+    the same on every machine, then cast to ``dtype``), or the checkpoint at ``model_path``. ``layers``:
+    that many decoder layers instead of the shape's (a shorter model that compiles faster)."""
     if model_path:
         from transformers import AutoModelForCausalLM
 
@@ -155,7 +168,7 @@ def build_model(shape: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torc
     else:
         from transformers import Qwen3ForCausalLM
 
-        config = make_config(shape)
+        config = make_config(shape, layers)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)

@@ -10,6 +10,8 @@
 #                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
 #                               # accelerator (torch 2.11's Inductor with the C++-kernel adapter), in parallel
 #   scripts/gpu/all.sh compile-bench  # benchmarks/qwen3.py --compile, alone on the GPU
+#   scripts/gpu/all.sh compile-time   # benchmarks/compile_time.py: where flagos's compile time goes beyond
+#                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
 #   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): the distributed suite on NCCL, then
 #                               # benchmarks/distributed.py (DDP and FSDP2 Qwen3-0.6B 20 steps against cuda,
 #                               # collective bandwidth 1 MiB-1 GiB)
@@ -21,8 +23,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mode=${1:-}
-[[ "$mode" =~ ^(verify|bench|compile|compile-bench|multi-gpu)$ ]] \
-  || { echo "usage: scripts/gpu/all.sh verify|bench|compile|compile-bench|multi-gpu" >&2; exit 2; }
+[[ "$mode" =~ ^(verify|bench|compile|compile-bench|compile-time|multi-gpu)$ ]] \
+  || { echo "usage: scripts/gpu/all.sh verify|bench|compile|compile-bench|compile-time|multi-gpu" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 L=$(mktemp -d /tmp/gpu_all.XXXX)
 DEST=${OUT:-gpu-logs}
@@ -87,6 +89,15 @@ if [ "$mode" = compile-bench ]; then
   timeout $(left 570) python3 benchmarks/qwen3.py --compile --repeats 3 2>&1 | grep -v USDT \
     | tee "$L/qwen3-compile.log" | tail -30
   pkill -f _qwen3_clean_process || true
+  echo "== [$SECONDS s] done"
+  exit 0
+fi
+if [ "$mode" = compile-time ]; then
+  echo "== [$SECONDS s] first compiled calls, flagos against cuda, fresh processes, empty caches"
+  timeout $(left 330) python3 benchmarks/compile_time.py --part train --layers 4 --length 512 2>&1 | grep -v USDT \
+    | tee "$L/compile-time-train.log" | tail -45
+  timeout $(left 580) python3 benchmarks/compile_time.py --part prefill --length 512 2>&1 | grep -v USDT \
+    | tee "$L/compile-time-prefill.log" | tail -45
   echo "== [$SECONDS s] done"
   exit 0
 fi

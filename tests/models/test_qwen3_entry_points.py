@@ -207,3 +207,19 @@ def test_benchmark_top_ops(run_python, qwen3):
     times = [float(match[3]) for match in rows]
     assert times == sorted(times, reverse=True) and times[0] > 0, result.stdout
     assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
+
+
+def test_compile_time_benchmark(run_python, qwen3):
+    """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
+    fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
+    args = [os.path.join(REPO, "benchmarks", "compile_time.py"), "--part", "prefill", "--shape", qwen3.shape]
+    result = run_python("", args=[*args, "--layers", "1", "--length", "16", "--top", "5"], timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    assert re.search(rf"First compiled prefill call, Qwen3 {qwen3.shape}, 1 layers, 1 fresh", out), out
+    first = re.search(r"\| first call \(s\) \| ([\d.]+) \| ([\d.]+) \| \*\*([\d.]+)\*\* \|", out)
+    assert first and float(first[1]) > 0 and float(first[2]) > 0, out
+    phases = out.split("largest difference first (top 5)")[1].split("\n## ")[0]
+    row = re.compile(r"\| \S+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|")
+    rows = [line for line in phases.splitlines() if line.startswith("| ") and "phase" not in line]
+    assert len(rows) == 5 and all(row.fullmatch(line) for line in rows), out
