@@ -20,8 +20,8 @@ accelerator's flagos memory is.
   all_reduce 2(n-1)/n, the others (n-1)/n of size / time); the slowest rank's time counts. Each op's result
   is checked once on both devices. Target: flagos / native >= 0.97 from 16 MiB up.
 
-``--json FILE`` writes everything measured. Every launch has a time limit (``--timeout``), after which its
-processes are killed.
+``--json FILE`` writes everything measured. Every launch has a time limit (``--timeout``), after which
+torchrun is told to stop its ranks and whatever is left is killed; a SIGTERM to this script does the same.
 """
 
 from __future__ import annotations
@@ -105,8 +105,7 @@ def child_env(world_size: int) -> dict:
 
 def torchrun(world_size: int, script_args: list[str], timeout: float, label: str) -> str:
     """Runs ``torchrun --standalone --nproc-per-node world_size <script_args>``; its output, or SystemExit
-    naming the launch and showing the output's end when it fails or outlasts ``timeout`` (its processes
-    are killed then)."""
+    naming the launch and showing the output's end when it fails or outlasts ``timeout``."""
     command = [
         sys.executable,
         "-m",
@@ -122,17 +121,32 @@ def torchrun(world_size: int, script_args: list[str], timeout: float, label: str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group: a timeout kills torchrun and every rank
+        start_new_session=True,
     )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise SystemExit(f"{label}: not finished within {timeout:.0f} s, killed\n{output[-6000:]}") from None
+        output = stop_torchrun(proc)
+        raise SystemExit(f"{label}: not finished within {timeout:.0f} s, stopped\n{output[-6000:]}") from None
+    finally:  # also when this process is told to stop (SIGTERM, see main) while torchrun runs
+        if proc.poll() is None:
+            stop_torchrun(proc)
     if proc.returncode != 0:
         raise SystemExit(f"{label}: exit code {proc.returncode}\n{output[-6000:]}")
     return output
+
+
+def stop_torchrun(proc: subprocess.Popen, grace_s: float = 45) -> str:
+    """torchrun starts each rank in a session of its own, so killing torchrun's process group would leave
+    the ranks running: SIGTERM makes torchrun stop its ranks (SIGTERM, then SIGKILL after 30 s) and exit;
+    whatever is left after ``grace_s`` is killed."""
+    proc.terminate()
+    try:
+        output, _ = proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    return output or ""
 
 
 def loss_rtol(mixed_precision: bool) -> float:
@@ -267,6 +281,8 @@ def run_collectives(args, world_size: int, native: str) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Stopped from outside (a test's time limit), stop the torchrun in flight too (torchrun()'s finally).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.collectives_worker:
         collectives_worker(json.loads(args.collectives_worker))
         return 0

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
+from process_control import stop_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
@@ -34,8 +34,7 @@ def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subpr
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the benchmark, torchrun and the ranks
-        output, _ = proc.communicate()
+        output = stop_launcher(proc)  # the benchmark, its torchrun and the ranks
         pytest.fail(f"benchmarks/distributed.py did not finish within {timeout} s\n{output[-6000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, output, None)
 
@@ -74,6 +73,30 @@ def test_collectives_bandwidth_against_gloo(launch, tmp_path):
     for row in rows:
         assert row["flagos_gbs"] > 0 and row["native_gbs"] > 0
         assert row["ratio"] == pytest.approx(row["flagos_gbs"] / row["native_gbs"])
+
+
+def _running(fragment: str) -> list[str]:
+    """Command lines of the processes running that contain ``fragment``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fragment in command:
+            found.append(command)
+    return found
+
+
+def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
+    example = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
+    assert not _running(example)
+    args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--repeats", "1", "--timeout", "3"]
+    proc = run_benchmark(args, accelerator="sim", timeout=150)
+    assert proc.returncode == 1, proc.stdout[-6000:]
+    assert "ddp on flagos: not finished within 3 s, stopped" in proc.stdout
+    assert not _running(example)  # torchrun stopped its ranks (they run in sessions of their own)
 
 
 @pytest.mark.parametrize(

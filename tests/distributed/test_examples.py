@@ -2,11 +2,11 @@
 FSDP2: the launch a user types works (each rank on flagos:<LOCAL_RANK>, no backend named)."""
 
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
+from process_control import stop_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
@@ -42,8 +42,7 @@ def test_torchrun_example(launch, strategy):  # `launch`: skips where the flagos
     try:
         output, _ = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and the ranks it started
-        output, _ = proc.communicate()
+        output = stop_launcher(proc)  # torchrun and the ranks it started
         pytest.fail(f"torchrun did not finish within 150 s\n{output[-6000:]}")
     assert proc.returncode == 0, output[-6000:]
     assert (
