@@ -626,3 +626,48 @@ def test_sweep_variants_reach_their_overloads():
     g = torch.randn(sample.input.shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(grads[0].cpu(), g * sample.input.detach().sign())
     assert variants.split_case(variants.case_key("abs", "grad")) == ("abs", "grad")
+
+
+def test_rule_routed_ops_are_recorded_by_a_simulated_capture(run_python, tmp_path):
+    """On the simulated accelerator a capture records the calls that reach the router and replay routes
+    them again: ops a rule sends to FlagGems run FlagGems' functions at each replay (fresh random numbers,
+    the fill applied to the replay's data), not once at capture. (Backed by CUDA the capture is CUDA's
+    stream capture, and the ops whose FlagGems implementations cannot be captured, rand and masked_fill_
+    among them, run natively inside it: tests/test_graphs_flaggems_gpu.py.)"""
+    result = run_python(
+        INSTALL_FAKE
+        + """
+x = torch.zeros(8, device="flagos")
+mask = torch.arange(8, device="flagos") % 2 == 0
+with routing.override({"rand": "flaggems", "masked_fill_.Scalar": "flaggems"}):
+    flag_gems.CALLS.clear()
+    torch.rand(4, device="flagos")
+    x.clone().masked_fill_(mask, 1.0)
+    eager_calls = list(flag_gems.CALLS)
+    flag_gems.CALLS.clear()
+    g = torch.flagos.FlagosGraph()
+    with torch.flagos.graph(g):
+        r = torch.rand(4, device="flagos")
+        y = x.clone()
+        y.masked_fill_(mask, 2.0)
+    capture_calls = list(flag_gems.CALLS)
+    x.fill_(5.0)
+    g.replay()
+    first = r.cpu()
+    g.replay()
+    second = r.cpu()
+    replay_calls = list(flag_gems.CALLS)
+print("RESULT " + json.dumps({
+    "eager_calls": eager_calls, "capture_calls": capture_calls, "replay_calls": replay_calls,
+    "fresh": not torch.equal(first, second), "in_range": bool(((first >= 0) & (first < 1)).all()),
+    "filled": y.cpu().tolist(),
+}))
+""",
+        env=with_fake(tmp_path, FAKE_FLAGGEMS_CAPTURE_OPS="1"),
+    ).check()
+    out = result.json()
+    assert out["eager_calls"] == ["rand", "masked_fill_"]
+    assert out["capture_calls"] == []
+    assert out["replay_calls"] == ["rand", "masked_fill_"] * 2
+    assert out["fresh"] and out["in_range"]
+    assert out["filled"] == [2.0, 5.0] * 4

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_fl  # noqa: F401
-from torch_fl import _qwen3
+from torch_fl import _qwen3, routing
 from torch_fl._static_decode import StaticGreedyDecoder
 
 DEV = "flagos"
@@ -27,7 +27,7 @@ def warm_capture():
     g, _ = capture(lambda: x.add_(1))
     g.replay()
     g.reset()
-    del g, x
+    del g
     gc.collect()
 
 
@@ -283,6 +283,23 @@ def test_graph_memory_comes_from_its_pool_and_is_released():
     g.reset()
     gc.collect()
     assert torch.flagos.memory_allocated() == before
+
+
+def test_ops_routed_by_a_rule_are_captured():
+    # A rule makes a composite op (linear, rand) reach the router as a whole, through a kernel of its own
+    # rather than the fallback: the capture records it too, so replay recomputes it (it used to run once,
+    # eagerly, leaving an empty graph and a result replay never updated).
+    x = torch.randn(4, 8, device=DEV)
+    w = torch.randn(8, 8, device=DEV)
+    with routing.override({"linear": "native", "rand": "native"}):
+        g, (y, r) = capture(lambda: (torch.nn.functional.linear(x, w), torch.rand(3, device=DEV)))
+        x.copy_(torch.ones(4, 8))
+        g.replay()
+        first = r.cpu()
+        g.replay()
+        second = r.cpu()
+    torch.testing.assert_close(y.cpu(), torch.ones(4, 8) @ w.cpu().t())
+    assert not torch.equal(first, second)
 
 
 def test_shared_pool_between_graphs():

@@ -181,9 +181,13 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
   }
 }
 
-void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (runtime::capture::underway() && capture_call(op, stack)) return;
-  run_route(route_for(op), op, stack);
+  run_route(backend, op, stack);
+}
+
+void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  record_or_run_route(route_for(op), op, stack);
 }
 
 void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {

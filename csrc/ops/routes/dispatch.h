@@ -17,8 +17,15 @@ namespace flagos::ops {
 // counts it for that backend.
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The boxed PrivateUse1 fallback: route_for(op), then run_route. Also the kernel that entry_kernels.cpp
-// registers for the ops flagos routes directly although a composite kernel would otherwise run for them.
+// run_route, unless a graph capture on a HAL of flagos's own (the simulated accelerator) records the call
+// instead (ops/routes/graph_capture.h): every kernel that sends a call to the router goes through here (or
+// checks for a capture itself, as the unboxed kernels do), so nothing reaching the router runs eagerly
+// inside such a capture.
+void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The boxed PrivateUse1 fallback: route_for(op), then record_or_run_route. Also the kernel that
+// entry_kernels.cpp registers for the ops flagos routes directly although a composite kernel would otherwise
+// run for them.
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The boxed kernel of calls with sparse or quantized flagos tensors (the fallback of SparsePrivateUse1,

@@ -84,9 +84,9 @@ void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* s
       r.by_default && !is_implicit_with_native_kernel(op, runtime::native_device().key) ? composite_key(op)
                                                                                         : std::nullopt;
   if (key.has_value()) {
-    op.callBoxedForDispatchKey(*key, *stack);
+    op.callBoxedForDispatchKey(*key, *stack);  // its ops reach the router (and a capture) one by one
   } else {
-    run_route(r.backend, op, stack);
+    record_or_run_route(r.backend, op, stack);
   }
 }
 

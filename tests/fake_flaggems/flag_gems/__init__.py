@@ -59,6 +59,18 @@ _FULL_CONFIG = (
     ("sin", sin),  # excluded by name (user_exclude_ops)
     ("op_of_a_future_torch", future_op),  # not an operator of this torch
 )
+if os.environ.get("FAKE_FLAGGEMS_CAPTURE_OPS") == "1":
+    # Ops whose FlagGems implementations cannot run inside a CUDA graph capture (backed, the router sends
+    # them to the native route there): a random op (FlagGems reads the generator's state on the host) and
+    # masked_fill_ (FlagGems' synchronises).
+    rand = _recorded(
+        "rand",
+        lambda size, *, dtype=None, layout=None, device=None, pin_memory=None: torch.rand(
+            size, dtype=dtype, device=device
+        ),
+    )
+    masked_fill_ = _recorded("masked_fill_", lambda self, mask, value: self.masked_fill_(mask, value))
+    _FULL_CONFIG += (("rand", rand), ("masked_fill_.Scalar", masked_fill_))
 aten_patch_list = ["neg"]
 
 
