@@ -106,17 +106,24 @@ def child_env(world_size: int) -> dict:
 def torchrun(world_size: int, script_args: list[str], timeout: float, label: str) -> str:
     """Runs ``torchrun --standalone --nproc-per-node world_size <script_args>``; its output, or SystemExit
     naming the launch and showing the output's end when it fails or outlasts ``timeout``."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(world_size),
-    ]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    returncode, output = run_stoppably(
+        [*command, str(world_size), *script_args], child_env(world_size), timeout
+    )
+    if returncode is None:
+        raise SystemExit(f"{label}: not finished within {timeout:.0f} s, stopped\n{output[-6000:]}")
+    if returncode != 0:
+        raise SystemExit(f"{label}: exit code {returncode}\n{output[-6000:]}")
+    return output
+
+
+def run_stoppably(command: list[str], env: dict, timeout: float) -> tuple[int | None, str]:
+    """Runs ``command`` (a launcher: torchrun, or this script) from the repository's root in a session of its
+    own; returns its exit code and output (stderr in it), or None and the output when it outlasted
+    ``timeout`` and was stopped. Also stopped when this process is told to stop (SIGTERM, see main)."""
     proc = subprocess.Popen(
-        command + script_args,
-        env=child_env(world_size),
+        command,
+        env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -125,21 +132,18 @@ def torchrun(world_size: int, script_args: list[str], timeout: float, label: str
     )
     try:
         output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, output
     except subprocess.TimeoutExpired:
-        output = stop_torchrun(proc)
-        raise SystemExit(f"{label}: not finished within {timeout:.0f} s, stopped\n{output[-6000:]}") from None
-    finally:  # also when this process is told to stop (SIGTERM, see main) while torchrun runs
+        return None, stop_launcher(proc)
+    finally:
         if proc.poll() is None:
-            stop_torchrun(proc)
-    if proc.returncode != 0:
-        raise SystemExit(f"{label}: exit code {proc.returncode}\n{output[-6000:]}")
-    return output
+            stop_launcher(proc)
 
 
-def stop_torchrun(proc: subprocess.Popen, grace_s: float = 45) -> str:
+def stop_launcher(proc: subprocess.Popen, grace_s: float = 60) -> str:
     """torchrun starts each rank in a session of its own, so killing torchrun's process group would leave
-    the ranks running: SIGTERM makes torchrun stop its ranks (SIGTERM, then SIGKILL after 30 s) and exit;
-    whatever is left after ``grace_s`` is killed."""
+    the ranks running: SIGTERM makes torchrun stop its ranks (SIGTERM, then SIGKILL after 30 s) and exit,
+    and this script stop its torchrun; whatever is left after ``grace_s`` is killed. Returns the output."""
     proc.terminate()
     try:
         output, _ = proc.communicate(timeout=grace_s)

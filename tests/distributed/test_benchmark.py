@@ -13,7 +13,8 @@ import sys
 
 import pytest
 import torch
-from process_control import stop_launcher
+
+from benchmarks.distributed import run_stoppably
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
@@ -22,21 +23,11 @@ BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
 def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
     env.update(FLAGOS_ACCELERATOR=accelerator, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        [sys.executable, BENCHMARK, *args],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        output = stop_launcher(proc)  # the benchmark, its torchrun and the ranks
+    command = [sys.executable, BENCHMARK, *args]
+    returncode, output = run_stoppably(command, env, timeout)  # stopped: the benchmark, torchrun, the ranks
+    if returncode is None:
         pytest.fail(f"benchmarks/distributed.py did not finish within {timeout} s\n{output[-6000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, output, None)
+    return subprocess.CompletedProcess(command, returncode, output, None)
 
 
 def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skips without the backend

@@ -2,11 +2,11 @@
 FSDP2: the launch a user types works (each rank on flagos:<LOCAL_RANK>, no backend named)."""
 
 import os
-import subprocess
 import sys
 
 import pytest
-from process_control import stop_launcher
+
+from benchmarks.distributed import run_stoppably
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
@@ -30,21 +30,10 @@ def test_torchrun_example(launch, strategy):  # `launch`: skips where the flagos
         "--steps",
         "2",
     ]
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        output = stop_launcher(proc)  # torchrun and the ranks it started
+    returncode, output = run_stoppably(command, env, timeout=150)  # stopped: torchrun and its ranks
+    if returncode is None:
         pytest.fail(f"torchrun did not finish within 150 s\n{output[-6000:]}")
-    assert proc.returncode == 0, output[-6000:]
+    assert returncode == 0, output[-6000:]
     assert (
         f"{strategy} on 2 ranks: Qwen3 tiny on flagos (sim), the flagos backend over ProcessGroupGloo"
         in output
