@@ -61,28 +61,28 @@ def test_must_end():
 
 @pytest.mark.slow
 def test_audit_replaces_the_worker_after_a_failed_capture(run_python, tmp_path):
-    # With the stand-in FlagGems no flaggems call can be captured (the python route's blocking copies):
-    # add.Tensor's cold capture fails, so its worker ends, and so does the fresh one that retries its warm
-    # capture; _softmax.out (a capture of its out= adapter's copy only) then runs in a third, fresh worker.
-    # One worker at a time, so the order is fixed: add.Tensor (a transformer op listed first), its retry
-    # (ahead of the queue), _softmax.out.
+    # With the stand-in FlagGems, aten::equal (a host bool, FAKE_FLAGGEMS_CAPTURE_OPS) fails every capture
+    # after capture_begin: its worker ends, and so does the fresh one that retries its warm capture;
+    # index_select.out then runs in a third, fresh worker. One worker at a time, so the order is fixed:
+    # equal (neither op is a transformer or priority op, so by name), its retry (ahead of the queue),
+    # index_select.out.
     result = run_python(
         None,
         args=["-m", "tools.flaggems_capture_audit", "--stand-in", "--out-dir", str(tmp_path)]
-        + ["--ops", "aten::add.Tensor,aten::_softmax.out", "--workers", "1", "--budget-s", "200"],
-        env=SIM,
+        + ["--ops", "aten::equal,aten::index_select.out", "--workers", "1", "--budget-s", "200"],
+        env={**SIM, "FAKE_FLAGGEMS_CAPTURE_OPS": "1"},
         cwd=str(REPO),
         timeout=240,
     )
     assert result.returncode == 0, repr(result)
     report = json.loads((tmp_path / "capture_audit.json").read_text())
     by_op = {r["op"]: r for r in report["results"]}
-    add, softmax = by_op["aten::add.Tensor"], by_op["aten::_softmax.out"]
-    assert add["status"] == "not-capturable", add
-    assert add["cold"]["began"] is True and add["cold"]["captured"] is False
-    assert add["retried"] and "replace_worker" in add
-    assert softmax["status"] == "capturable-cold", softmax
-    # Not after add.Tensor in worker 0 (where it would run without the replacement), nor after the retry.
-    assert (softmax["worker"], softmax["ops_before_in_worker"]) == (2, 0), softmax
+    equal, index_select = by_op["aten::equal"], by_op["aten::index_select.out"]
+    assert equal["status"] == "not-capturable", equal
+    assert equal["cold"]["began"] is True and equal["cold"]["captured"] is False
+    assert equal["retried"] and "replace_worker" in equal
+    assert index_select["status"] == "capturable-cold", index_select
+    # Not after equal in worker 0 (where it would run without the replacement), nor after the retry.
+    assert (index_select["worker"], index_select["ops_before_in_worker"]) == (2, 0), index_select
     assert report["workers_ended_after_failed_capture"] == 2
     assert "2 workers ended after a capture failed" in (tmp_path / "capture_audit.md").read_text()

@@ -60,9 +60,9 @@ _FULL_CONFIG = (
     ("op_of_a_future_torch", future_op),  # not an operator of this torch
 )
 if os.environ.get("FAKE_FLAGGEMS_CAPTURE_OPS") == "1":
-    # Ops whose FlagGems implementations cannot run inside a CUDA graph capture (backed, the router sends
-    # them to the native route there): a random op (FlagGems reads the generator's state on the host) and
-    # masked_fill_ (FlagGems' synchronises).
+    # Ops whose FlagGems implementations cannot run inside a CUDA graph capture: a random op (FlagGems reads
+    # the generator's state on the host) and masked_fill_ (FlagGems' synchronises), which the router runs
+    # natively inside one when backed, and equal (a host bool: never capturable, on cuda either).
     rand = _recorded(
         "rand",
         lambda size, *, dtype=None, layout=None, device=None, pin_memory=None: torch.rand(
@@ -70,7 +70,8 @@ if os.environ.get("FAKE_FLAGGEMS_CAPTURE_OPS") == "1":
         ),
     )
     masked_fill_ = _recorded("masked_fill_", lambda self, mask, value: self.masked_fill_(mask, value))
-    _FULL_CONFIG += (("rand", rand), ("masked_fill_.Scalar", masked_fill_))
+    equal = _recorded("equal", lambda self, other: torch.equal(self, other))
+    _FULL_CONFIG += (("rand", rand), ("masked_fill_.Scalar", masked_fill_), ("equal", equal))
 aten_patch_list = ["neg"]
 
 
