@@ -47,7 +47,9 @@ MiB = 1 << 20
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="train,collectives", help="comma-separated: train, collectives")
+    p.add_argument(
+        "--parts", default="train,collectives", help="comma-separated, run in this order: train, collectives"
+    )
     p.add_argument("--world-size", type=int, help="default: the visible GPUs backed by CUDA, else 2")
     p.add_argument("--strategies", default="ddp,fsdp2", help="comma-separated: ddp, fsdp2")
     p.add_argument("--steps", type=int, default=20)
@@ -297,10 +299,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"--world-size {world_size}: only {torch.cuda.device_count()} GPU(s) are visible")
     print(f"flagos on {native}; {world_size} ranks; torch {torch.__version__}")
     results, ok = {"native": native, "world_size": world_size}, True
-    if "train" in args.parts:
-        results["train"], ok = run_train(args, world_size, native)
-    if "collectives" in args.parts:
-        results["collectives"] = run_collectives(args, world_size, native)
+    for part in args.parts:  # in the order given
+        if part == "train":
+            results["train"], ok = run_train(args, world_size, native)
+        else:
+            results["collectives"] = run_collectives(args, world_size, native)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -105,15 +105,16 @@ if [ "$mode" = multi-gpu ]; then
   # NVLink multicast stays off on the lent machines (the device notes): also in every process started here.
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  echo "== [$SECONDS s] $gpus GPUs: the distributed tests on NCCL (one process per GPU), then the benchmark"
+  echo "== [$SECONDS s] $gpus GPUs: benchmarks/distributed.py alone on the GPUs, then the distributed tests"
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
-  # test_benchmark.py's GPU case is the benchmark's training part, which runs next with 20 steps.
-  timeout $(left 230) python3 -m pytest tests/distributed/test_nccl_gpu.py \
+  # Collectives first (about a minute), then DDP and FSDP2 (four torchrun launches of Qwen3-0.6B).
+  timeout $(left 420) python3 benchmarks/distributed.py --parts collectives,train --repeats ${DIST_REPEATS:-1} \
+    --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
+    | grep -E "^\||^#|lowest|losses|FAILED|Error|exit code|stopped" | head -80
+  # test_benchmark.py's GPU case is the benchmark's training part, which ran above with 20 steps.
+  timeout $(left 590) python3 -m pytest tests/distributed/test_nccl_gpu.py \
     -q -p no:cacheprovider -rfEs --tb=short --durations=8 > "$L/dist-tests.log" 2>&1
   summary dist-tests.log
-  echo "== [$SECONDS s] benchmarks/distributed.py, alone on the GPUs"
-  timeout $(left 585) python3 benchmarks/distributed.py --repeats ${DIST_REPEATS:-1} --json "$L/distributed.json" \
-    2>&1 | grep -v USDT | tee "$L/distributed.log" | grep -E "^\||^#|lowest|losses|FAILED|Error|exit code" | head -80
   echo "== [$SECONDS s] done"
   exit 0
 fi
