@@ -572,7 +572,12 @@ def hf_static_decode_seconds(
 
 
 def run_in_clean_process(
-    function: str, master: dict, env: dict | None = None, with_torch_fl: bool = False, **kwargs
+    function: str,
+    master: dict,
+    env: dict | None = None,
+    with_torch_fl: bool = False,
+    timeout: float | None = None,
+    **kwargs,
 ):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
     process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here); with
@@ -580,24 +585,22 @@ def run_in_clean_process(
 
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
     where there is one. ``env`` adds environment variables for the child. The child's output goes to this
-    process's stderr; a failure raises RuntimeError with the child's exit code."""
+    process's stderr; a failure raises RuntimeError with the child's exit code, and so does a child still
+    running after ``timeout`` seconds (it is killed)."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
         torch.save({"function": function, "master": master, "kwargs": kwargs}, request)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _CLEAN_PROCESS_MAIN,
-                os.path.abspath(__file__),
-                request,
-                result,
-                "1" if with_torch_fl else "0",
-            ],
-            stdout=sys.stderr,
-            env={**os.environ, **(env or {})},
-        )
+        command = [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result]
+        try:
+            proc = subprocess.run(
+                [*command, "1" if with_torch_fl else "0"],
+                stdout=sys.stderr,
+                env={**os.environ, **(env or {})},
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{function} in a clean process did not finish within {timeout} s") from None
         if proc.returncode != 0:
             raise RuntimeError(f"{function} in a clean process failed with exit code {proc.returncode}")
         return torch.load(result, weights_only=False)

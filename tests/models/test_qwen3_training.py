@@ -9,6 +9,9 @@ from torch_fl import _qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
+# A training run in a fresh process (the 0.6B shape's bf16 reference on a GPU takes about a minute).
+CLEAN_PROCESS_TIMEOUT_S = 900
+
 
 def train(qwen3, master, device, dtype, ids, **kw) -> dict:
     """_qwen3.train on ``device``; where a backward on it cannot run in this process (cuda, once torch_fl
@@ -17,7 +20,9 @@ def train(qwen3, master, device, dtype, ids, **kw) -> dict:
         result = _qwen3.train(master, device, dtype, ids, **kw)
     else:
         spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)  # as the master_model fixture
-        result = _qwen3.run_in_clean_process("train", spec, device=device, dtype=dtype, ids=ids, **kw)
+        result = _qwen3.run_in_clean_process(
+            "train", spec, device=device, dtype=dtype, ids=ids, timeout=CLEAN_PROCESS_TIMEOUT_S, **kw
+        )
     assert result["state_devices"] == [torch.device(device).type], (
         f"optimizer state on {result['state_devices']}"
     )
@@ -87,7 +92,7 @@ def test_training_in_a_clean_process_is_the_same_training(qwen3, master_model, t
     kw = dict(dtype=torch.float32, ids=train_ids, steps=2, lr=qwen3.lr, foreach=True)
     here = _qwen3.train(master_model, "cpu", **kw)
     spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)
-    there = _qwen3.run_in_clean_process("train", spec, device="cpu", **kw)
+    there = _qwen3.run_in_clean_process("train", spec, device="cpu", timeout=CLEAN_PROCESS_TIMEOUT_S, **kw)
     assert there["losses"] == pytest.approx(here["losses"], rel=1e-6)
     for name, weight in here["weights"].items():
         torch.testing.assert_close(there["weights"][name], weight, rtol=1e-5, atol=1e-6)
