@@ -5,7 +5,9 @@ per-phase times (``torch._dynamo.utils.compile_times``) and Inductor's counters 
     python benchmarks/compile_time.py [--part train|prefill] [--shape tiny|0.6b] [--repeats N]
 
 ``train``: the whole training step compiled (``torch_fl._qwen3.compiled_train_step``: forward, AOTAutograd's
-backward, foreach AdamW); ``prefill``: ``torch.compile(model)`` on a 1x``--length`` prompt. The native device
+backward, foreach AdamW; ``_qwen3.time_train_steps``' first step, one-time costs included); ``prefill``:
+``torch.compile(model)`` on a 1x``--length`` prompt (``_qwen3.time_first_calls``, after a tiny compile that
+takes the process's one-time costs). The native device
 is CUDA where flagos is backed by it (its process never imports torch_fl: a CUDA backward cannot run beside
 it), else the CPU. Each device's processes alternate, flagos first. benchmarks/qwen3.py ``--compile``
 reports the same first calls without the breakdown (target: flagos <= 1.2x the native device's).
@@ -22,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,44 +61,19 @@ def measure(request: dict) -> dict:
 
     device = request["device"]
     master = qwen3.build_model(request["shape"], seed=0, layers=request["layers"])
-    # A tiny compile first takes the process's one-time costs (imports, the compile worker pool), as
-    # torch_fl._qwen3.time_first_calls does, so that what follows is the model's compilation.
-    torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
-    qwen3.synchronize(device)
-    torch._dynamo.reset()
-    dynamo_utils.counters.clear()
-    ids = torch.randint(
-        0, master.config.vocab_size, (2 if request["part"] == "train" else 1, request["length"])
-    )
-    ids = ids.to(device)
+    batch = 2 if request["part"] == "train" else 1
+    ids = torch.randint(0, master.config.vocab_size, (batch, request["length"]))
+    # The first calls benchmarks/qwen3.py --compile times, measured the same way.
     if request["part"] == "train":
-        model = qwen3.copy_to(master, device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-        step = qwen3.compiled_train_step(model, optimizer)
+        first = qwen3.time_train_steps(master, device, ids, repeats=0, compile=True)[0]
     else:
-        model = qwen3.copy_to(master, device)
-        compiled = torch.compile(model)
-
-        def step(batch):
-            with torch.no_grad():
-                return compiled(batch, logits_to_keep=1)
-
-    qwen3.synchronize(device)
-    start = time.perf_counter()
-    step(ids)
-    qwen3.synchronize(device)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    step(ids)
-    qwen3.synchronize(device)
-    second = time.perf_counter() - start
+        first = qwen3.time_first_calls(master, device, ["prefill"], ids, ids, 1, None)["prefill"]
     headers, values = dynamo_utils.compile_times(repr="csv", aggregate=True)
     phases = {h: float(v) for h, v in zip(headers, values, strict=True)}
     inductor = {k: v for k, v in dynamo_utils.counters["inductor"].items() if isinstance(v, (int, float))}
     return dict(
         device=device,
         first=first,
-        second=second,
         phases=phases,
         inductor=inductor,
         graph_breaks=sum(dynamo_utils.counters["graph_break"].values()),
@@ -162,10 +138,7 @@ def main(argv=None) -> int:
     print(f"| | {native} | flagos | flagos / {native} |")
     print("|---|---|---|---|")
     print(f"| first call (s) | {n_first:.2f} | {f_first:.2f} | **{f_first / n_first:.2f}** |")
-    f_second, n_second = median("flagos", lambda r: r["second"]), median(native, lambda r: r["second"])
-    print(f"| second call (ms) | {n_second * 1e3:.1f} | {f_second * 1e3:.1f} | {f_second / n_second:.2f} |")
-    for key in ("graph_breaks",):
-        print(f"| {key} | {runs[native][0][key]} | {runs['flagos'][0][key]} | |")
+    print(f"| graph breaks | {runs[native][0]['graph_breaks']} | {runs['flagos'][0]['graph_breaks']} | |")
 
     phases = set(runs["flagos"][0]["phases"]) | set(runs[native][0]["phases"])
     rows = [
