@@ -164,7 +164,10 @@ def point_to_point(dev):
     nxt, prev = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     x = data((6,), seed=70).to(dev)
     ring = torch.empty(6, device=dev)
-    for request in (dist.isend(x, nxt), dist.irecv(ring, prev)):
+    # Odd ranks receive first. Unbatched, the pair issued send-first on both ranks hangs on NCCL, for cuda
+    # tensors too (torch 2.11 on two H200s: each rank's receive waits for ever; docs/distributed.md).
+    send, receive = (lambda: dist.isend(x, nxt)), (lambda: dist.irecv(ring, prev))
+    for request in [issue() for issue in ((receive, send) if RANK % 2 else (send, receive))]:
         request.wait()
     pair = torch.zeros(3, device=dev)
     if RANK == 0:
