@@ -182,6 +182,13 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                     torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
                     with open(path) as f:
                         runs[device].append(json.load(f))
+                    # Each launch's figure as it comes: a run cut by a time limit still shows what it measured.
+                    steps = runs[device][-1]["step_seconds"][args.warmup :]
+                    print(
+                        f"# {strategy} on {device}, run {repeat + 1}: median step "
+                        f"{statistics.median(steps) * 1e3:.1f} ms",
+                        flush=True,
+                    )
                 finally:
                     os.unlink(path)
         flagos, reference = runs["flagos"], runs[native]
