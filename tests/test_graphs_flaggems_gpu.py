@@ -212,3 +212,34 @@ def test_random_flaggems_op_takes_native_route_inside_capture(gems):
     on_cuda = replays("cuda", torch.cuda.CUDAGraph)
     for mine, theirs in zip(on_flagos, on_cuda, strict=True):
         assert torch.equal(mine, theirs)
+
+
+def test_synchronising_flaggems_op_takes_native_route_inside_capture(gems):
+    """FlagGems' in-place masked_fill_ synchronises with the device, which a capture forbids: inside a
+    capture the router sends it native, with one warning, and the graph replays it on new inputs; eager
+    calls stay on FlagGems."""
+    op = "aten::masked_fill_.Scalar"
+    if _flaggems.implementation(op) is None:
+        pytest.skip(f"this FlagGems has no {op}")
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(4096, generator=generator).to("flagos")
+    mask = (torch.rand(4096, generator=generator) < 0.5).to("flagos")
+    with routing.override({op: "flaggems"}), RouteCallCounter(op) as counter:
+        x.clone().masked_fill_(mask, -1.0)
+        assert counter.calls == 1, "FlagGems' masked_fill_ did not run eagerly"
+        graph = torch.flagos.FlagosGraph()
+        with pytest.warns(
+            UserWarning, match=r"aten::masked_fill_\S* runs on the native route inside a graph"
+        ):
+            with torch.flagos.graph(graph, stream=torch.flagos.Stream()):
+                out = x.clone().masked_fill_(mask, -1.0)
+        assert counter.calls == 1, "FlagGems' masked_fill_ ran inside the capture"
+        for _ in range(2):
+            x.copy_(torch.randn(4096, generator=generator))
+            mask.copy_(torch.rand(4096, generator=generator) < 0.5)
+            graph.replay()
+            expected = x.cpu().masked_fill(mask.cpu(), -1.0)
+            assert torch.equal(out.cpu(), expected)
+        graph.reset()
+        x.clone().masked_fill_(mask, -1.0)
+        assert counter.calls == 2, "FlagGems' masked_fill_ did not run eagerly after the capture"
