@@ -12,7 +12,9 @@ accelerator's flagos memory is.
   native device (processes that never import torch_fl, so the CUDA backward works there), the runs of one
   strategy alternating ``--repeats`` times. Reports the median step time after ``--warmup`` steps, flagos /
   native (target <= 1.03), and compares the loss trajectories: every step's mean loss within the dtype's
-  ``loss_rtol`` (bf16 mixed precision on GPUs, float32 otherwise). Exits 1 if they are not.
+  ``loss_rtol`` (bf16 mixed precision on GPUs, float32 otherwise). Exits 1 if they are not. Beside each
+  step time: the host's queuing time (the step until its loss is read back); near the step time, the step
+  is bound by the host, not the device. Each launch's figures print as it ends.
 - ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
@@ -183,10 +185,11 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                     with open(path) as f:
                         runs[device].append(json.load(f))
                     # Each launch's figure as it comes: a run cut by a time limit still shows what it measured.
-                    steps = runs[device][-1]["step_seconds"][args.warmup :]
+                    run = runs[device][-1]
                     print(
                         f"# {strategy} on {device}, run {repeat + 1}: median step "
-                        f"{statistics.median(steps) * 1e3:.1f} ms",
+                        f"{statistics.median(run['step_seconds'][args.warmup :]) * 1e3:.1f} ms, of which "
+                        f"queuing it on the host {statistics.median(run['issue_seconds'][args.warmup :]) * 1e3:.1f}",
                         flush=True,
                     )
                 finally:
@@ -211,6 +214,8 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
         all_equal &= equal
         f_ms = statistics.median(s * 1e3 for run in flagos for s in run["step_seconds"][args.warmup :])
         r_ms = statistics.median(s * 1e3 for run in reference for s in run["step_seconds"][args.warmup :])
+        f_issue = statistics.median(s * 1e3 for run in flagos for s in run["issue_seconds"][args.warmup :])
+        r_issue = statistics.median(s * 1e3 for run in reference for s in run["issue_seconds"][args.warmup :])
         rows.append(
             dict(
                 strategy=strategy,
@@ -221,6 +226,8 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                 flagos_step_ms=f_ms,
                 reference_step_ms=r_ms,
                 time_ratio=f_ms / r_ms,
+                flagos_issue_ms=f_issue,
+                reference_issue_ms=r_issue,
                 per_run_ratios=[
                     statistics.median(a["step_seconds"][args.warmup :])
                     / statistics.median(b["step_seconds"][args.warmup :])
@@ -238,14 +245,16 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
         f"\n## Training, {args.steps} steps, step time from step {args.warmup} on (median), {args.repeats} run(s) each"
     )
     print(
-        "| strategy | shape | ranks | flagos ms | reference ms | flagos / reference | per run | max loss diff | within |"
+        "| strategy | shape | ranks | flagos ms | reference ms | flagos / reference | per run "
+        "| host queuing ms, flagos / reference | max loss diff | within |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['strategy']} | {r['shape']} | {r['world_size']} | {r['flagos_step_ms']:.1f} "
             f"| {r['reference_step_ms']:.1f} | **{r['time_ratio']:.3f}** "
-            f"| {', '.join(f'{x:.3f}' for x in r['per_run_ratios'])} | {r['max_loss_rel_diff']:.2e} "
+            f"| {', '.join(f'{x:.3f}' for x in r['per_run_ratios'])} "
+            f"| {r['flagos_issue_ms']:.1f} / {r['reference_issue_ms']:.1f} | {r['max_loss_rel_diff']:.2e} "
             f"| {'yes' if r['losses_equal'] else 'NO'} (rtol {r['loss_rtol']:g}) |"
         )
     for r in rows:

@@ -129,7 +129,7 @@ def main() -> None:
     if rank == 0:
         print(f"{args.strategy} on {world} ranks: Qwen3 {shape} on {describe(device)}")
 
-    losses, seconds = [], []
+    losses, seconds, issue_seconds = [], [], []
     for step in range(args.steps):
         # Each rank its own batch (the rank is part of the seed), the same on every device.
         g = torch.Generator().manual_seed(step * world + rank)
@@ -142,6 +142,8 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         total = loss.detach().float().clone()
         dist.all_reduce(total)  # a SUM: gloo, the CPU reference's backend, has no AVG
+        # The host's share: how long queuing the step took. Near the step time, the step is host-bound.
+        issue_seconds.append(time.perf_counter() - start)
         losses.append(total.item() / world)  # .item() waits for the step's device work
         seconds.append(time.perf_counter() - start)
         if rank == 0:
@@ -157,6 +159,7 @@ def main() -> None:
             mixed_precision=on_gpu,
             losses=losses,
             step_seconds=seconds,
+            issue_seconds=issue_seconds,
             imported_torch_fl="torch_fl" in sys.modules,
         )
         with open(args.results, "w") as f:

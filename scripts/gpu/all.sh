@@ -108,7 +108,7 @@ if [ "$mode" = multi-gpu ]; then
   echo "== [$SECONDS s] $gpus GPUs: benchmarks/distributed.py alone on the GPUs, then the distributed tests"
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
   # Collectives first (about a minute), then DDP and FSDP2 (four torchrun launches of Qwen3-0.6B).
-  timeout $(left 420) python3 benchmarks/distributed.py --parts collectives,train --repeats ${DIST_REPEATS:-1} \
+  timeout $(left 420) python3 benchmarks/distributed.py --parts collectives,train --repeats ${DIST_REPEATS:-2} \
     --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
     | grep -E "^\||^#|lowest|losses|FAILED|Error|exit code|stopped" | head -80
   # test_benchmark.py's GPU case is the benchmark's training part, which ran above with 20 steps.
