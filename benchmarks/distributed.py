@@ -19,8 +19,10 @@ accelerator's flagos memory is.
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
   Size, algorithm and bus bandwidth as nccl-tests define them (size: the larger buffer; bus bandwidth:
-  all_reduce 2(n-1)/n, the others (n-1)/n of size / time); the slowest rank's time counts. Each op's result
-  is checked once on both devices. Target: flagos / native >= 0.97 from 16 MiB up.
+  all_reduce 2(n-1)/n, the others (n-1)/n of size / time); the slowest rank's time counts. Each timed loop
+  lasts about ``--min-seconds`` (a timed warm-up call sizes it) and starts with the ranks lined up, so that
+  neither launch jitter nor one rank's late start moves the figure. Each op's result is checked once on
+  both devices. Target: flagos / native >= 0.97 from 16 MiB up.
 
 ``--json FILE`` writes everything measured. Every launch has a time limit (``--timeout``), after which
 torchrun is told to stop its ranks and whatever is left is killed; a SIGTERM to this script does the same.
@@ -62,6 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--min-mib", type=float, default=1.0)
     p.add_argument("--max-mib", type=float, help="default: 1024 on GPUs, 64 otherwise")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.05,
+        help="how long each timed loop of one collective lasts at least",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds for each launch")
     p.add_argument("--json", help="write the measurements here")
     p.add_argument("--collectives-worker", help=argparse.SUPPRESS)  # a rank of the collectives part
@@ -75,6 +83,8 @@ def parse_args(argv=None):
         p.error(f"--warmup must be at least 0 and less than --steps ({args.steps}), got {args.warmup}")
     if args.min_mib <= 0 or (args.max_mib is not None and args.max_mib < args.min_mib):
         p.error(f"sizes must satisfy 0 < --min-mib <= --max-mib, got {args.min_mib} and {args.max_mib}")
+    if args.min_seconds <= 0:
+        p.error(f"--min-seconds must be positive, got {args.min_seconds}")
     if args.world_size is not None and args.world_size < 1:
         p.error(f"--world-size must be at least 1, got {args.world_size}")
     return args
@@ -274,7 +284,9 @@ def sizes_bytes(min_mib: float, max_mib: float) -> list[int]:
 
 def run_collectives(args, world_size: int, native: str) -> list[dict]:
     max_mib = args.max_mib if args.max_mib is not None else (1024.0 if native == "cuda" else 64.0)
-    request = dict(sizes=sizes_bytes(args.min_mib, max_mib), repeats=args.repeats)
+    request = dict(
+        sizes=sizes_bytes(args.min_mib, max_mib), repeats=args.repeats, min_seconds=args.min_seconds
+    )
     with tempfile.TemporaryDirectory(prefix="flagos_dist_bench_") as tmp:
         out = os.path.join(tmp, "collectives.json")
         request["out"] = out
@@ -367,7 +379,9 @@ def collectives_worker(request: dict) -> None:
             for repeat in range(request["repeats"]):
                 order = ["flagos", "native"] if repeat % 2 == 0 else ["native", "flagos"]
                 for name in order:
-                    seconds[name].append(time_collective(op, numel, devices[name], sync, world))
+                    seconds[name].append(
+                        time_collective(op, numel, devices[name], sync, world, request["min_seconds"])
+                    )
             row = dict(op=op, bytes=numel * 4)
             factor = (2 if op == "all_reduce" else 1) * (world - 1) / world if world > 1 else 1.0
             for name in seconds:
@@ -418,23 +432,33 @@ def check(op: str, numel: int, device, rank: int, world: int) -> None:
             raise AssertionError(f"rank {rank}: {op} of {numel * 4} bytes on {device} gave {got}, not {want}")
 
 
-def time_collective(op: str, numel: int, device, sync, world: int) -> float:
-    """Seconds per call, the slowest rank's: iterations enough to last a while, after a warm-up call that
-    also lines the ranks up."""
+def time_collective(op: str, numel: int, device, sync, world: int, min_seconds: float) -> float:
+    """Seconds per call, the slowest rank's. A timed warm-up call sizes the loop so that it lasts about
+    ``min_seconds`` (the ranks agree on the count); the ranks line up on the CPU group before the clock
+    starts, so one rank's late start does not count as the collective's time."""
     import torch
     import torch.distributed as dist
 
+    def slowest(seconds: float) -> float:  # a CPU tensor: the group's gloo; also lines the ranks up
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
     inp, out = _buffers(op, numel, device, world, 0.0)
-    iterations = max(5, min(100, (256 * MiB) // max(1, numel * 4)))
+    _issue(op, inp, out)  # the first call of a size may set up buffers: not timed
+    sync(device)
+    slowest(0.0)
+    start = time.perf_counter()
     _issue(op, inp, out)
     sync(device)
+    one_call = slowest(time.perf_counter() - start)
+    iterations = max(5, min(2000, int(min_seconds / max(one_call, 1e-7))))
+    slowest(0.0)
     start = time.perf_counter()
     for _ in range(iterations):
         _issue(op, inp, out)
     sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iterations], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a CPU tensor: the group's gloo
-    return elapsed.item()
+    return slowest((time.perf_counter() - start) / iterations)
 
 
 if __name__ == "__main__":
