@@ -14,7 +14,9 @@ accelerator's flagos memory is.
   native (target <= 1.03), and compares the loss trajectories: every step's mean loss within the dtype's
   ``loss_rtol`` (bf16 mixed precision on GPUs, float32 otherwise). Exits 1 if they are not. Beside each
   step time: the host's queuing time (the step until its loss is read back); near the step time, the step
-  is bound by the host, not the device. Each launch's figures print as it ends.
+  is bound by the host, not the device. Each launch's figures print as it ends. ``--host-diff N`` profiles
+  two more steps of each launch on rank 0 (host activity) and lists the N events whose self host time per
+  step is most above the reference's: where a host-bound flagos step's extra time goes.
 - ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
@@ -61,6 +63,14 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--shape", choices=["tiny", "0.6b"], help="default: 0.6b on GPUs, tiny otherwise")
+    p.add_argument(
+        "--host-diff",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train: profile 2 more steps of each launch (host activity, rank 0) and list the N events whose "
+        "self host time per step flagos exceeds the reference's most",
+    )
     p.add_argument("--min-mib", type=float, default=1.0)
     p.add_argument("--max-mib", type=float, help="default: 1024 on GPUs, 64 otherwise")
     p.add_argument("--repeats", type=int, default=3)
@@ -83,6 +93,8 @@ def parse_args(argv=None):
         p.error(f"--warmup must be at least 0 and less than --steps ({args.steps}), got {args.warmup}")
     if args.min_mib <= 0 or (args.max_mib is not None and args.max_mib < args.min_mib):
         p.error(f"sizes must satisfy 0 < --min-mib <= --max-mib, got {args.min_mib} and {args.max_mib}")
+    if args.host_diff < 0:
+        p.error(f"--host-diff must be 0 (off) or more, got {args.host_diff}")
     if args.min_seconds <= 0:
         p.error(f"--min-seconds must be positive, got {args.min_seconds}")
     if args.world_size is not None and args.world_size < 1:
@@ -176,6 +188,37 @@ def loss_rtol(mixed_precision: bool) -> float:
     return _qwen3.TOLERANCES[torch.bfloat16 if mixed_precision else torch.float32].loss_rtol
 
 
+PROFILED_STEPS = 2  # --host-diff: steps profiled after the timed ones
+
+
+def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> None:
+    """The ``n`` profiler events (aten ops, collectives, FSDP's and DDP's own regions) whose self host time
+    per step flagos exceeds the reference's most, from each side's first launch. The two devices name
+    their collectives differently (the flagos backend's calls and NCCL's), so those show on both sides."""
+    f_events, r_events = flagos["events"], reference["events"]
+    steps = flagos["steps"]
+    rows = []
+    for name in set(f_events) | set(r_events):
+        fc, ft = f_events.get(name, [0, 0.0])
+        rc, rt = r_events.get(name, [0, 0.0])
+        rows.append(((ft - rt) / steps, name, rc / steps, fc / steps, rt / steps, ft / steps))
+    rows.sort(reverse=True)
+    f_total = sum(r[5] for r in rows)
+    r_total = sum(r[4] for r in rows)
+    print(
+        f"# {strategy}: {steps} profiled steps on rank 0, per step: wall {flagos['wall_seconds'] / steps * 1e3:.1f} "
+        f"ms on flagos, {reference['wall_seconds'] / steps * 1e3:.1f} ms on the reference; self host time in "
+        f"profiled events {f_total / 1e3:.1f} ms and {r_total / 1e3:.1f} ms"
+    )
+    top = rows[:n]
+    width = max((len(r[1]) for r in top), default=2)
+    print(
+        f"#   {'event':{width}}{'calls':>9}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}"
+    )
+    for diff, name, rc, fc, rt, ft in top:
+        print(f"#   {name:{width}}{rc:9.0f}{fc:10.0f}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
+
+
 def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
     rows, all_equal = [], True
     for strategy in args.strategies:
@@ -191,6 +234,8 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                     script += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--results", path]
                     if args.shape:
                         script += ["--shape", args.shape]
+                    if args.host_diff:
+                        script += ["--profile-steps", str(PROFILED_STEPS)]
                     torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
                     with open(path) as f:
                         runs[device].append(json.load(f))
@@ -207,6 +252,8 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
         flagos, reference = runs["flagos"], runs[native]
         if reference[0]["imported_torch_fl"]:
             raise SystemExit(f"the {native} reference imported torch_fl: it is not a plain PyTorch run")
+        if args.host_diff:
+            print_host_diff(strategy, flagos[0]["host_profile"], reference[0]["host_profile"], args.host_diff)
         tolerance = loss_rtol(flagos[0]["mixed_precision"])
         differences = [
             abs(a - b) / max(abs(b), 1e-12)

@@ -11,7 +11,8 @@ architecture (random weights, nothing downloaded) on GPUs, trained in bfloat16 m
 ``--device cuda`` (NCCL) or ``--device cpu`` (gloo) runs the same training as the reference flagos is
 compared with (benchmarks/distributed.py): such a process never imports torch_fl, so it is plain PyTorch
 (a CUDA backward cannot run in a process that imported torch_fl, pytorch#161129). ``--results FILE``
-writes rank 0's losses and step times as JSON. Needs Hugging Face transformers.
+writes rank 0's losses and step times as JSON; ``--profile-steps N`` adds N steps profiled on rank 0
+(each event's self host time, benchmarks/distributed.py --host-diff). Needs Hugging Face transformers.
 """
 
 from __future__ import annotations
@@ -37,10 +38,19 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--results", help="rank 0 writes the losses and step times here (JSON)")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after the timed steps, this many more under the profiler (host activity, rank 0): each event's "
+        "calls and self host time go into --results",
+    )
     args = p.parse_args()
     for name in ("steps", "batch", "seq_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.profile_steps < 0:
+        p.error(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
     return args
 
 
@@ -112,6 +122,33 @@ def describe(device: torch.device) -> str:
     return f"flagos ({torch_fl.accelerator()}), the flagos backend over {type(backend.inner).__name__}"
 
 
+def profile_host(args, rank: int, train_step) -> dict | None:
+    """``--profile-steps`` more steps, on rank 0 under the profiler (host activity only; the other ranks
+    run them unprofiled): each event name's [calls, self host microseconds] over those steps, and the
+    steps' wall time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = range(args.steps, args.steps + args.profile_steps)
+    if rank != 0:
+        for step in steps:
+            train_step(step)
+        return None
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in steps:
+            train_step(step)
+    wall = time.perf_counter() - start
+    events: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU:
+            continue
+        row = events.setdefault(event.name, [0, 0.0])
+        row[0] += 1
+        row[1] += event.self_cpu_time_total
+    return {"steps": args.profile_steps, "wall_seconds": wall, "events": events}
+
+
 def main() -> None:
     args = parse_args()
     qwen3 = load_qwen3_helpers()
@@ -129,8 +166,7 @@ def main() -> None:
     if rank == 0:
         print(f"{args.strategy} on {world} ranks: Qwen3 {shape} on {describe(device)}")
 
-    losses, seconds, issue_seconds = [], [], []
-    for step in range(args.steps):
+    def train_step(step: int):
         # Each rank its own batch (the rank is part of the seed), the same on every device.
         g = torch.Generator().manual_seed(step * world + rank)
         ids = torch.randint(0, vocab, (args.batch, args.seq_len), generator=g).to(device)
@@ -143,11 +179,19 @@ def main() -> None:
         total = loss.detach().float().clone()
         dist.all_reduce(total)  # a SUM: gloo, the CPU reference's backend, has no AVG
         # The host's share: how long queuing the step took. Near the step time, the step is host-bound.
-        issue_seconds.append(time.perf_counter() - start)
-        losses.append(total.item() / world)  # .item() waits for the step's device work
-        seconds.append(time.perf_counter() - start)
+        issued = time.perf_counter() - start
+        mean_loss = total.item() / world  # .item() waits for the step's device work
+        return mean_loss, issued, time.perf_counter() - start
+
+    losses, seconds, issue_seconds = [], [], []
+    for step in range(args.steps):
+        loss, issued, took = train_step(step)
+        losses.append(loss)
+        issue_seconds.append(issued)
+        seconds.append(took)
         if rank == 0:
-            print(f"step {step}: loss {losses[-1]:.4f} (mean over ranks), {seconds[-1] * 1e3:.0f} ms")
+            print(f"step {step}: loss {loss:.4f} (mean over ranks), {took * 1e3:.0f} ms")
+    host_profile = profile_host(args, rank, train_step) if args.profile_steps else None
 
     if rank == 0 and args.results:
         results = dict(
@@ -161,6 +205,7 @@ def main() -> None:
             step_seconds=seconds,
             issue_seconds=issue_seconds,
             imported_torch_fl="torch_fl" in sys.modules,
+            host_profile=host_profile,
         )
         with open(args.results, "w") as f:
             json.dump(results, f, indent=1)

@@ -34,7 +34,7 @@ def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skip
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--seq-len", "32", "--repeats", "1"]
-    proc = run_benchmark([*args, "--json", str(out)], accelerator="sim", timeout=400)
+    proc = run_benchmark([*args, "--host-diff", "4", "--json", str(out)], accelerator="sim", timeout=400)
     assert proc.returncode == 0, proc.stdout[-6000:]
     results = json.loads(out.read_text())
     assert results["native"] == "cpu" and results["world_size"] == 2
@@ -50,6 +50,27 @@ def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skip
         assert row["flagos_losses"][0] != row["flagos_losses"][-1]
         assert row["flagos_step_ms"] > 0 and row["reference_step_ms"] > 0
     assert "| ddp | tiny | 2 |" in proc.stdout
+    # --host-diff: each strategy's profiled steps, then the 4 events most above the reference's, by name
+    # with per-step calls and host times (the collectives are among the events both sides profile).
+    for strategy in ("ddp", "fsdp2"):
+        head = proc.stdout.index(f"# {strategy}: 2 profiled steps on rank 0, per step: wall ")
+        lines = proc.stdout[head:].splitlines()[1:6]
+        assert lines[0].split() == [
+            "#",
+            "event",
+            "calls",
+            "calls",
+            "fl",
+            "host",
+            "ms",
+            "host",
+            "ms",
+            "fl",
+            "diff",
+            "ms",
+        ]
+        diffs = [float(line.split()[-1]) for line in lines[1:]]
+        assert len(diffs) == 4 and diffs == sorted(diffs, reverse=True), lines
 
 
 def test_collectives_bandwidth_against_gloo(launch, tmp_path):
@@ -97,6 +118,8 @@ def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
         (["--strategies", "zero3"], "--strategies: zero3 given; valid: ddp, fsdp2"),
         (["--steps", "4", "--warmup", "4"], "--warmup must be at least 0 and less than --steps (4)"),
         (["--min-mib", "8", "--max-mib", "2"], "0 < --min-mib <= --max-mib"),
+        (["--host-diff", "-1"], "--host-diff must be 0 (off) or more, got -1"),
+        (["--min-seconds", "0"], "--min-seconds must be positive, got 0.0"),
     ],
 )
 def test_bad_arguments_are_named(args, message):
