@@ -195,28 +195,17 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
     """The ``n`` profiler events (aten ops, collectives, FSDP's and DDP's own regions) whose self host time
     per step flagos exceeds the reference's most, from each side's first launch. The two devices name
     their collectives differently (the flagos backend's calls and NCCL's), so those show on both sides."""
-    f_events, r_events = flagos["events"], reference["events"]
+    import host_time_diff  # beside this file
+
     steps = flagos["steps"]
-    rows = []
-    for name in set(f_events) | set(r_events):
-        fc, ft = f_events.get(name, [0, 0.0])
-        rc, rt = r_events.get(name, [0, 0.0])
-        rows.append(((ft - rt) / steps, name, rc / steps, fc / steps, rt / steps, ft / steps))
-    rows.sort(reverse=True)
-    f_total = sum(r[5] for r in rows)
-    r_total = sum(r[4] for r in rows)
+    rows = host_time_diff.diff_rows(reference["events"], flagos["events"], per=steps)
+    r_total, f_total = host_time_diff.totals_ms(rows)
     print(
         f"# {strategy}: {steps} profiled steps on rank 0, per step: wall {flagos['wall_seconds'] / steps * 1e3:.1f} "
         f"ms on flagos, {reference['wall_seconds'] / steps * 1e3:.1f} ms on the reference; self host time in "
-        f"profiled events {f_total / 1e3:.1f} ms and {r_total / 1e3:.1f} ms"
+        f"profiled events {f_total:.1f} ms and {r_total:.1f} ms"
     )
-    top = rows[:n]
-    width = max((len(r[1]) for r in top), default=2)
-    print(
-        f"#   {'event':{width}}{'calls':>9}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}"
-    )
-    for diff, name, rc, fc, rt, ft in top:
-        print(f"#   {name:{width}}{rc:9.0f}{fc:10.0f}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
+    host_time_diff.print_table(rows, n, prefix="#   ")
 
 
 def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:

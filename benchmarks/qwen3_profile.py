@@ -114,24 +114,15 @@ def _host_us_by_op(work) -> tuple[dict[str, list[float]], float]:
 def host_diff(ref, fl, n: int) -> None:
     """Where flagos's inference host time goes beyond the reference's: one prefill and one decode profiled
     on each device, aten ops by the difference of their self host time (calls, host ms on both)."""
+    import host_time_diff  # beside this file
+
     ref_ops, ref_wall = _host_us_by_op(ref)
     fl_ops, fl_wall = _host_us_by_op(fl)
-    names = set(ref_ops) | set(fl_ops)
-    rows = []
-    for name in names:
-        rc, rt = ref_ops.get(name, [0, 0.0])
-        fc, ft = fl_ops.get(name, [0, 0.0])
-        rows.append((ft - rt, name, int(rc), int(fc), rt, ft))
-    rows.sort(reverse=True)
-    ref_total = sum(r[4] for r in rows)
-    fl_total = sum(r[5] for r in rows)
+    rows = host_time_diff.diff_rows(ref_ops, fl_ops)
+    ref_total, fl_total = host_time_diff.totals_ms(rows)
     print(
         f"  host time of one prefill and one decode, profiled: wall {ref_wall / 1e3:.1f} ms on {ref.device}, "
-        f"{fl_wall / 1e3:.1f} ms on flagos; self host time in aten ops {ref_total / 1e3:.1f} ms and "
-        f"{fl_total / 1e3:.1f} ms"
+        f"{fl_wall / 1e3:.1f} ms on flagos; self host time in aten ops {ref_total:.1f} ms and "
+        f"{fl_total:.1f} ms"
     )
-    top = rows[:n]
-    width = max((len(r[1]) for r in top), default=2)
-    print(f"    {'op':{width}}{'calls':>8}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}")
-    for diff, name, rc, fc, rt, ft in top:
-        print(f"    {name:{width}}{rc:8d}{fc:10d}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")
+    host_time_diff.print_table(rows, n, prefix="    ", label="op")
