@@ -13,8 +13,8 @@
 #   scripts/gpu/all.sh compile-time   # benchmarks/compile_time.py: where flagos's compile time goes beyond
 #                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
 #   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): benchmarks/distributed.py (collective
-#                               # bandwidth 1 MiB-1 GiB; DDP and FSDP2 Qwen3-0.6B 20 steps against cuda, at a
-#                               # host-bound and a GPU-bound size), then the distributed suite on NCCL
+#                               # bandwidth 1 MiB-1 GiB; DDP and FSDP2 Qwen3-0.6B 20 steps against cuda, at
+#                               # 2x512 and 8x1024 tokens a rank), then the distributed suite on NCCL
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
@@ -107,8 +107,8 @@ if [ "$mode" = multi-gpu ]; then
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   echo "== [$SECONDS s] $gpus GPUs: benchmarks/distributed.py alone on the GPUs, then the distributed tests"
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
-  # Collectives first (under a minute), then DDP and FSDP2 of Qwen3-0.6B at two sizes: 2x512 tokens a rank,
-  # where both devices' steps are bound by the host's op dispatch, and 8x1024, where the GPUs bound them.
+  # Collectives first (under a minute), then DDP and FSDP2 of Qwen3-0.6B at two sizes: 2x512 tokens a rank
+  # and 8x1024, eight times the device work (on the H200s of 2026-11-27 the host still bound both sizes).
   timeout $(left 400) python3 benchmarks/distributed.py --parts collectives,train --repeats ${DIST_REPEATS:-1} --host-diff 15 \
     --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
     | grep -E "^\||^#|lowest|losses|FAILED|Error|exit code|stopped" | head -80
