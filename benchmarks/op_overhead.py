@@ -15,6 +15,11 @@ RMSNorm and rotary sequences, SDPA with grouped KV heads, the gated MLP's activa
 says how many operator calls each case makes, ``diff/op`` what flagos adds per call. Where the ops' own
 overhead (the default set) and a model's (benchmarks/qwen3.py) disagree, these cases tell which ops differ.
 
+``--set foreach`` times the tensor-list ops of an optimizer step and of FSDP2 over one tensor per parameter
+of Qwen3-0.6B (310 of them, 64 elements each, so that the host, not the kernels, decides): AdamW's
+``_foreach_*`` calls, ``_foreach_copy_``, FSDP2's all-gather copy-in (``_chunk_cat``) and copy-out
+(``split_with_sizes_copy``). ``diff/op`` is then per tensor of the list.
+
 Run it once with FLAGOS_LOG_DISPATCH unset (the default) and, to see what logging costs, once with it set.
 """
 
@@ -133,6 +138,32 @@ def make_qwen3_cases(device: str) -> dict:
     }
 
 
+def make_foreach_cases(device: str, count: int = 310) -> dict:
+    """Name -> (callable running one tensor-list op over `count` tensors of `device`, tensors per list)."""
+    g = torch.Generator().manual_seed(0)
+
+    def tensors():
+        return [torch.randn(64, generator=g).to(device) for _ in range(count)]
+
+    params, grads, exp_avg, exp_avg_sq = tensors(), tensors(), tensors(), tensors()
+    denom = [t.abs() + 1 for t in tensors()]
+    flat = torch.randn(64 * count, generator=g).to(device)
+    sizes = [64] * count
+    return {
+        "_foreach_mul_": (lambda: torch._foreach_mul_(params, 1.0), count),
+        "_foreach_lerp_": (lambda: torch._foreach_lerp_(exp_avg, grads, 0.1), count),
+        "_foreach_addcmul_": (lambda: torch._foreach_addcmul_(exp_avg_sq, grads, grads, 0.001), count),
+        "_foreach_addcdiv_": (lambda: torch._foreach_addcdiv_(params, exp_avg, denom, -0.001), count),
+        "_foreach_sqrt": (lambda: torch._foreach_sqrt(exp_avg_sq), count),
+        "_foreach_copy_": (lambda: torch._foreach_copy_(exp_avg, grads), count),
+        "_chunk_cat": (lambda: torch._chunk_cat(grads, dim=0, num_chunks=1), count),
+        "split_with_sizes_copy": (
+            lambda: torch.split_with_sizes_copy(flat, sizes, dim=0, out=params),
+            count,
+        ),
+    }
+
+
 def launch_time(fn, device: str, n: int) -> float:
     """(N launches + one synchronize) / N, in microseconds."""
     start = time.perf_counter()
@@ -171,17 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops")
     parser.add_argument(
         "--set",
-        choices=("tiny", "qwen3"),
+        choices=("tiny", "qwen3", "foreach"),
         default="tiny",
-        help="tiny tensors (default) or a Qwen3 decode step",
+        help="tiny tensors (default), a Qwen3 decode step, or tensor-list ops over 310 tensors",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     native = native_device()
-    if args.set == "qwen3":
-        ref_cases, fl_cases = make_qwen3_cases(native), make_qwen3_cases("flagos")
+    if args.set in ("qwen3", "foreach"):
+        make = make_qwen3_cases if args.set == "qwen3" else make_foreach_cases
+        ref_cases, fl_cases = make(native), make("flagos")
         calls = {name: case[1] for name, case in ref_cases.items()}
         ref_cases = {name: case[0] for name, case in ref_cases.items()}
         fl_cases = {name: case[0] for name, case in fl_cases.items()}

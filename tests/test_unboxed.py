@@ -307,3 +307,109 @@ def test_unboxed_ops_native_kernels_guard_their_device():
             continue  # takes any mix of devices; CUDA's copy kernel sets the device of each copy itself
         entry = functions[op.removeprefix("aten::")]
         assert entry.get("device_guard", True), op
+
+
+def test_long_tensor_lists_alias_each_storage_once():
+    # A call with a long tensor list (here cat's, 40 views of three storages and 20 tensors of their own)
+    # finds what it aliased through maps rather than scans: views of one storage must still share one
+    # native storage, and an out= argument is still the caller's tensor.
+    g = torch.Generator().manual_seed(0)
+    bases = [torch.randn(8, 4, generator=g) for _ in range(3)]
+    singles = [torch.randn(1, 4, generator=g) for _ in range(20)]
+    pieces = [bases[i % 3][i % 8 : i % 8 + 1] for i in range(40)] + singles
+    fl_bases = [b.to("flagos") for b in bases]
+    fl_pieces = [fl_bases[i % 3][i % 8 : i % 8 + 1] for i in range(40)] + [s.to("flagos") for s in singles]
+    out = torch.empty(60, 4, device="flagos")
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    before = unboxed()
+    assert torch.cat(fl_pieces, out=out) is out
+    assert unboxed() == before + 1
+    torch.testing.assert_close(out.cpu(), torch.cat(pieces))
+    fresh = torch.cat(fl_pieces)
+    torch.testing.assert_close(fresh.cpu(), torch.cat(pieces))
+    del fresh
+    torch.flagos.synchronize()
+    assert torch.flagos.memory_allocated() == allocated
+
+
+# The tensor-list ops with unboxed kernels: optimizers' foreach steps and FSDP2's copies. Each case takes
+# lists a, b, c, a list p of positive tensors, a 0-dim tensor s and a flat tensor f (made beforehand, so that
+# the case makes exactly its op's calls) and returns the tensors to compare. In-place foreach ops return
+# their list.
+_LIST_CASES = {
+    "_foreach_add_.Scalar": lambda a, b, c, p, s, f: torch._foreach_add_(a, 0.5),
+    "_foreach_add_.List": lambda a, b, c, p, s, f: torch._foreach_add_(a, b, alpha=2.0),
+    "_foreach_add_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_add_(
+        a, [0.1 * i for i in range(len(a))]
+    ),
+    "_foreach_add_.Tensor": lambda a, b, c, p, s, f: torch._foreach_add_(a, s),
+    "_foreach_add.List": lambda a, b, c, p, s, f: torch._foreach_add(a, b),
+    "_foreach_add.Scalar": lambda a, b, c, p, s, f: torch._foreach_add(a, 2.0),
+    "_foreach_sub_.Scalar": lambda a, b, c, p, s, f: torch._foreach_sub_(a, 1.5),
+    "_foreach_mul_.Scalar": lambda a, b, c, p, s, f: torch._foreach_mul_(a, 0.9),
+    "_foreach_mul_.List": lambda a, b, c, p, s, f: torch._foreach_mul_(a, b),
+    "_foreach_mul_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_mul_(
+        a, [0.5 + i for i in range(len(a))]
+    ),
+    "_foreach_mul_.Tensor": lambda a, b, c, p, s, f: torch._foreach_mul_(a, s),
+    "_foreach_mul.Scalar": lambda a, b, c, p, s, f: torch._foreach_mul(a, 3.0),
+    "_foreach_div_.Scalar": lambda a, b, c, p, s, f: torch._foreach_div_(a, 3.0),
+    "_foreach_div_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_div_(
+        a, [1.0 + i for i in range(len(a))]
+    ),
+    "_foreach_div_.List": lambda a, b, c, p, s, f: torch._foreach_div_(a, p),
+    "_foreach_div_.Tensor": lambda a, b, c, p, s, f: torch._foreach_div_(a, s),
+    "_foreach_lerp_.Scalar": lambda a, b, c, p, s, f: torch._foreach_lerp_(a, b, 0.1),
+    "_foreach_lerp_.List": lambda a, b, c, p, s, f: torch._foreach_lerp_(a, b, p),
+    "_foreach_addcmul_.Scalar": lambda a, b, c, p, s, f: torch._foreach_addcmul_(a, b, c, 0.01),
+    "_foreach_addcmul_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_addcmul_(a, b, c, [0.5] * len(a)),
+    "_foreach_addcmul_.Tensor": lambda a, b, c, p, s, f: torch._foreach_addcmul_(
+        a, b, c, torch.full((len(a),), 0.5)
+    ),
+    "_foreach_addcdiv_.Scalar": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(a, b, p, -0.01),
+    "_foreach_addcdiv_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(
+        a, b, p, [-0.01] * len(a)
+    ),
+    "_foreach_addcdiv_.Tensor": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(
+        a, b, p, torch.full((len(a),), 0.5)
+    ),
+    "_foreach_sqrt": lambda a, b, c, p, s, f: torch._foreach_sqrt(p),
+    "_foreach_sqrt_": lambda a, b, c, p, s, f: torch._foreach_sqrt_(p),
+    "_foreach_neg_": lambda a, b, c, p, s, f: torch._foreach_neg_(a),
+    "_foreach_reciprocal_": lambda a, b, c, p, s, f: torch._foreach_reciprocal_(p),
+    "_foreach_pow.ScalarAndTensor": lambda a, b, c, p, s, f: torch._foreach_pow(0.9, p),
+    "_foreach_norm.Scalar": lambda a, b, c, p, s, f: torch._foreach_norm(a),
+    "_foreach_zero_": lambda a, b, c, p, s, f: torch._foreach_zero_(a),
+    "_foreach_copy_": lambda a, b, c, p, s, f: torch._foreach_copy_(a, b),
+    "_chunk_cat": lambda a, b, c, p, s, f: [torch._chunk_cat(a, dim=0, num_chunks=2)],
+    "_chunk_cat.out": lambda a, b, c, p, s, f: [torch._chunk_cat(a, dim=0, num_chunks=1, out=f.view(1, -1))],
+    "split_with_sizes_copy.out": lambda a, b, c, p, s, f: (
+        torch.split_with_sizes_copy(f, [t.numel() for t in a], out=a) or a
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_LIST_CASES))
+def test_optimizer_and_fsdp_list_ops_match_the_native_device(name):
+    g = torch.Generator().manual_seed(0)
+    # 24 tensors of mixed sizes: more than a call aliases without its maps.
+    a, b, c = ([torch.randn(3 + i % 5, generator=g) for i in range(24)] for _ in range(3))
+    p = [torch.rand(3 + i % 5, generator=g) + 0.5 for i in range(24)]
+    s = torch.tensor(1.25)
+    f = torch.randn(sum(t.numel() for t in a), generator=g)
+    inputs = (a, b, c, p, s, f)
+    expected = _LIST_CASES[name](
+        *[x.clone() if isinstance(x, torch.Tensor) else [t.clone() for t in x] for x in inputs]
+    )
+    fl_inputs = [
+        x.to("flagos") if isinstance(x, torch.Tensor) else [t.to("flagos") for t in x] for x in inputs
+    ]
+    before = unboxed()
+    got = _LIST_CASES[name](*fl_inputs)
+    if BACKED:
+        # Routed directly when backed: one unboxed call for the whole list.
+        assert _C._routing_unboxed_ops()[f"aten::{name}"] == "direct"
+        assert unboxed() == before + 1, name
+    assert all(t.device.type == "flagos" for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], expected)

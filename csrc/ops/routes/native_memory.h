@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/borrowed_memory.h"
@@ -144,10 +145,12 @@ class AliasRecycler {
                                       allocator, /*resizable=*/true),
                          type, t);
     }
-    // Preferably one with t's dtype and device already: no storage reassignment (an atomic pair).
+    // Preferably one with t's dtype and device already (no storage reassignment, an atomic pair), among
+    // the last few put back: a bounded search however long the list.
     size_t pick = free_.size() - 1;
     bool same_kind = false;
-    for (size_t i = free_.size(); i-- > 0;) {
+    const size_t searched_from = free_.size() > kSearched ? free_.size() - kSearched : 0;
+    for (size_t i = free_.size(); i-- > searched_from;) {
       const c10::TensorImpl* impl = free_[i].unsafeGetTensorImpl();
       if (impl->dtype() == t.dtype() && impl->device() == device) {
         pick = i;
@@ -190,9 +193,12 @@ class AliasRecycler {
   }
 
  private:
-  static constexpr size_t kCapacity = 8;
+  // Enough for the lists of an optimizer's foreach call over every parameter of a model (three lists of a
+  // few hundred tensors): a list argument takes one alias per tensor. A free alias is a few hundred bytes.
+  static constexpr size_t kCapacity = 2048;
+  static constexpr size_t kSearched = 8;
   c10::DeviceType type_ = c10::DeviceType::CPU;
-  c10::SmallVector<at::Tensor, kCapacity> free_;
+  std::vector<at::Tensor> free_;
 };
 
 }  // namespace flagos::ops::native_memory

@@ -5,10 +5,27 @@
 // (an op that would reach the fallback, one of the built-in direct ops, or one routed directly when backed).
 //
 // The choice: the ops of benchmarks/op_overhead.py and of a transformer's forward and backward, in every
-// form that reaches flagos. On the simulated accelerator the structured ops' composites call the `out`
-// overloads; when backed by CUDA the functional and in-place overloads are routed directly.
+// form that reaches flagos, and the tensor-list ops of optimizers (foreach Adam, AdamW, SGD, gradient
+// clipping) and of FSDP2's copy-in and copy-out, whose lists of hundreds of tensors the boxed path would
+// box, copy and unbox one tensor at a time. On the simulated accelerator the structured ops' composites call
+// the `out` overloads; when backed by CUDA the functional and in-place overloads are routed directly.
 #include "ops/routes/native_unboxed.h"
 
+#include <ATen/ops/_chunk_cat_ops.h>
+#include <ATen/ops/_foreach_add_ops.h>
+#include <ATen/ops/_foreach_addcdiv_ops.h>
+#include <ATen/ops/_foreach_addcmul_ops.h>
+#include <ATen/ops/_foreach_copy_ops.h>
+#include <ATen/ops/_foreach_div_ops.h>
+#include <ATen/ops/_foreach_lerp_ops.h>
+#include <ATen/ops/_foreach_mul_ops.h>
+#include <ATen/ops/_foreach_neg_ops.h>
+#include <ATen/ops/_foreach_norm_ops.h>
+#include <ATen/ops/_foreach_pow_ops.h>
+#include <ATen/ops/_foreach_reciprocal_ops.h>
+#include <ATen/ops/_foreach_sqrt_ops.h>
+#include <ATen/ops/_foreach_sub_ops.h>
+#include <ATen/ops/_foreach_zero_ops.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
@@ -43,6 +60,7 @@
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
 #include <ATen/ops/silu_ops.h>
+#include <ATen/ops/split_with_sizes_copy_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/tanh_ops.h>
@@ -144,6 +162,44 @@ const std::vector<UnboxedOp>& unboxed_ops() {
       unboxed_op<o::_scaled_dot_product_efficient_attention_backward>(),
       // Copies (routed directly when backed, entry_kernels.cpp): flagos, host and cuda tensors in any mix.
       unboxed_op<o::copy_>(),
+      // Tensor lists: optimizers' foreach steps (Adam and AdamW, their capturable form, SGD, gradient
+      // clipping, zero_grad without set_to_none) and FSDP2's copy-in (_foreach_copy_, _chunk_cat) and
+      // copy-out (split_with_sizes_copy).
+      unboxed_op<o::_foreach_add__Scalar>(),
+      unboxed_op<o::_foreach_add__List>(),
+      unboxed_op<o::_foreach_add__ScalarList>(),
+      unboxed_op<o::_foreach_add__Tensor>(),
+      unboxed_op<o::_foreach_add_List>(),
+      unboxed_op<o::_foreach_add_Scalar>(),
+      unboxed_op<o::_foreach_sub__Scalar>(),
+      unboxed_op<o::_foreach_mul__Scalar>(),
+      unboxed_op<o::_foreach_mul__List>(),
+      unboxed_op<o::_foreach_mul__ScalarList>(),
+      unboxed_op<o::_foreach_mul__Tensor>(),
+      unboxed_op<o::_foreach_mul_Scalar>(),
+      unboxed_op<o::_foreach_div__Scalar>(),
+      unboxed_op<o::_foreach_div__List>(),
+      unboxed_op<o::_foreach_div__ScalarList>(),
+      unboxed_op<o::_foreach_div__Tensor>(),
+      unboxed_op<o::_foreach_lerp__Scalar>(),
+      unboxed_op<o::_foreach_lerp__List>(),
+      unboxed_op<o::_foreach_addcmul__Scalar>(),
+      unboxed_op<o::_foreach_addcmul__ScalarList>(),
+      unboxed_op<o::_foreach_addcmul__Tensor>(),
+      unboxed_op<o::_foreach_addcdiv__Scalar>(),
+      unboxed_op<o::_foreach_addcdiv__ScalarList>(),
+      unboxed_op<o::_foreach_addcdiv__Tensor>(),
+      unboxed_op<o::_foreach_sqrt>(),
+      unboxed_op<o::_foreach_sqrt_>(),
+      unboxed_op<o::_foreach_neg_>(),
+      unboxed_op<o::_foreach_reciprocal_>(),
+      unboxed_op<o::_foreach_pow_ScalarAndTensor>(),
+      unboxed_op<o::_foreach_norm_Scalar>(),
+      unboxed_op<o::_foreach_zero_>(),
+      unboxed_op<o::_foreach_copy_>(),
+      unboxed_op<o::_chunk_cat>(),
+      unboxed_op<o::_chunk_cat_out>(),
+      unboxed_op<o::split_with_sizes_copy_out>(),
       // Reductions.
       unboxed_op<o::sum>(),
       unboxed_op<o::sum_dim_IntList>(),

@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_foreach_copy_ops.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/copy_ops.h>
 #include <c10/util/SmallVector.h>
@@ -255,6 +256,15 @@ struct UnboxedOpTraits {
   // composite kernel on the flagos tensors instead.
   static constexpr bool kHasComposite = false;
   // Counted as a routed op call (torch_fl.routing.counts and the unboxed count).
+  static constexpr bool kCounted = true;
+};
+
+// _foreach_copy_ copies between devices as copy_ does (the boxed path's exception too: takes_mixed_devices
+// in native_call.cpp); its native kernel copies a mixed list tensor by tensor.
+template <>
+struct UnboxedOpTraits<at::_ops::_foreach_copy_> {
+  static constexpr bool kOneDevice = false;
+  static constexpr bool kHasComposite = false;
   static constexpr bool kCounted = true;
 };
 
