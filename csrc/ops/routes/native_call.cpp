@@ -8,14 +8,13 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
-#include <c10/util/flat_hash_map.h>
 
-#include <cstdint>
 #include <memory>
 #include <new>
 #include <typeinfo>
 #include <utility>
 
+#include "ops/routes/alias_lookup.h"
 #include "ops/routes/native_layouts.h"
 #include "ops/routes/native_memory.h"
 #include "runtime/allocator.h"
@@ -42,11 +41,6 @@ bool takes_mixed_devices(const c10::OperatorName& name) {
   }
   return false;
 }
-
-struct AliasedTensor {
-  at::Tensor native;              // the alias: the scope's
-  const c10::TensorImpl* flagos;  // the caller's tensor, alive through the call (see AliasScope::held_)
-};
 
 // A fresh result's memory that several results view: borrowed rather than moved, so that the later
 // results map onto the same flagos storage.
@@ -76,7 +70,7 @@ class AliasScope {
   ~AliasScope() {
     layouts_.reset();                  // first: sparse aliases and adopted members hold members' aliases
     if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
-    for (AliasedTensor& a : tensors_) {
+    for (AliasedTensor& a : aliases_.all()) {
       if (native_layouts::has_members(a.native)) continue;  // a quantized alias owns its borrow: dropped
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
       if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
@@ -108,7 +102,7 @@ class AliasScope {
     if (placed) note_device(t.device());
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
-    if (const AliasedTensor* shared = aliasing(t.storage().unsafeGetStorageImpl())) {
+    if (const AliasedTensor* shared = aliases_.of_flagos_storage(t.storage().unsafeGetStorageImpl())) {
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
       native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
     } else if (recycler_ != nullptr) {
@@ -118,7 +112,7 @@ class AliasScope {
                                             c10::GetAllocator(native_type_)),
                            native_type_, t);
     }
-    return push_alias(std::move(native), t.unsafeGetTensorImpl());
+    return aliases_.add(std::move(native), t.unsafeGetTensorImpl());
   }
 
   c10::IValue alias_value(const c10::IValue& v) {
@@ -175,7 +169,7 @@ class AliasScope {
         return flagos;
       }
     }
-    if (AliasedTensor* found = aliased_as(out_impl)) {
+    if (AliasedTensor* found = aliases_.that_is(out_impl)) {
       AliasedTensor& a = *found;
       c10::TensorImpl* flagos = const_cast<c10::TensorImpl*>(a.flagos);
       if (C10_UNLIKELY(native_layouts::has_members(out))) {
@@ -228,7 +222,7 @@ class AliasScope {
       return native_layouts::sparse_like(out, kFlagos,
                                          [this](const at::Tensor& m) { return adopt_member(m); });
     }
-    if (const AliasedTensor* a = viewed_by(out.storage().unsafeGetStorageImpl())) {
+    if (const AliasedTensor* a = aliases_.over_native_storage(out.storage().unsafeGetStorageImpl())) {
       // A view of an input: the same view over its flagos storage.
       return flagos_tensor_over(a->flagos->unsafe_storage(), out);
     }
@@ -253,87 +247,6 @@ class AliasScope {
     }
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
                 *device_, " and ", d, "!");
-  }
-
-  // ---- Finding an alias. A call has a few tensors, searched in place; one with a long tensor list (an
-  // optimizer's foreach ops over every parameter, FSDP's copy-ins and copy-outs) would make every search a
-  // scan of hundreds and the call quadratic, so from kIndexedFrom aliases on they are found through maps.
-  static constexpr size_t kIndexedFrom = 16;
-  struct AliasIndex {
-    // Each map holds the first alias with the key, as a scan from the front finds it.
-    ska::flat_hash_map<const c10::StorageImpl*, uint32_t> by_flagos_storage;  // kept while aliasing
-    // For adoption, made on its first use (after the kernel, which may have changed an alias's storage).
-    ska::flat_hash_map<const c10::TensorImpl*, uint32_t> by_native;
-    ska::flat_hash_map<const c10::StorageImpl*, uint32_t> by_native_storage;
-    size_t adoption_covers = 0;  // how many aliases the adoption maps hold
-  };
-
-  static const c10::StorageImpl* flagos_storage(const AliasedTensor& a) {
-    return a.flagos->unsafe_storage().unsafeGetStorageImpl();
-  }
-  static const c10::StorageImpl* native_storage(const AliasedTensor& a) {
-    return a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  }
-
-  const at::Tensor& push_alias(at::Tensor&& native, const c10::TensorImpl* flagos) {
-    tensors_.push_back({std::move(native), flagos});
-    const auto last = static_cast<uint32_t>(tensors_.size() - 1);
-    if (index_ != nullptr) {
-      index_->by_flagos_storage.emplace(flagos_storage(tensors_[last]), last);
-    } else if (tensors_.size() >= kIndexedFrom) {
-      index_ = std::make_unique<AliasIndex>();
-      index_->by_flagos_storage.reserve(2 * kIndexedFrom);
-      for (uint32_t i = 0; i <= last; ++i) index_->by_flagos_storage.emplace(flagos_storage(tensors_[i]), i);
-    }
-    return tensors_[last].native;
-  }
-
-  template <class Map>
-  AliasedTensor* found_in(const Map& map, typename Map::key_type key) {
-    const auto it = map.find(key);
-    return it == map.end() ? nullptr : &tensors_[it->second];
-  }
-
-  // The alias already made in this call for flagos storage `storage`, if any.
-  const AliasedTensor* aliasing(const c10::StorageImpl* storage) {
-    if (index_ != nullptr) return found_in(index_->by_flagos_storage, storage);
-    for (const AliasedTensor& a : tensors_) {
-      if (flagos_storage(a) == storage) return &a;
-    }
-    return nullptr;
-  }
-
-  // The alias that is native tensor `native` itself, if any.
-  AliasedTensor* aliased_as(const c10::TensorImpl* native) {
-    if (index_ != nullptr) return found_in(adoption_index().by_native, native);
-    for (AliasedTensor& a : tensors_) {
-      if (a.native.unsafeGetTensorImpl() == native) return &a;
-    }
-    return nullptr;
-  }
-
-  // The alias whose native storage is `storage`, if any: a result viewing it is a view of that argument.
-  const AliasedTensor* viewed_by(const c10::StorageImpl* storage) {
-    if (index_ != nullptr) return found_in(adoption_index().by_native_storage, storage);
-    for (const AliasedTensor& a : tensors_) {
-      if (native_storage(a) == storage) return &a;
-    }
-    return nullptr;
-  }
-
-  AliasIndex& adoption_index() {
-    AliasIndex& index = *index_;
-    if (index.adoption_covers != tensors_.size()) {
-      index.by_native.clear();
-      index.by_native_storage.clear();
-      index.by_native.reserve(tensors_.size());
-      for (uint32_t i = 0; i < tensors_.size(); ++i) {
-        index.by_native.emplace(tensors_[i].native.unsafeGetTensorImpl(), i);
-        index.by_native_storage.emplace(native_storage(tensors_[i]), i);
-      }
-      index.adoption_covers = tensors_.size();
-    }
-    return index;
   }
 
   // The flagos device of results whose memory does not say (copied, or empty): the call's placement.
@@ -417,14 +330,14 @@ class AliasScope {
     };
     if (t.is_quantized()) {
       const c10::Storage& storage = t.storage();
-      const AliasedTensor* shared = aliasing(storage.unsafeGetStorageImpl());
+      const AliasedTensor* shared = aliases_.of_flagos_storage(storage.unsafeGetStorageImpl());
       c10::Storage native_storage = shared != nullptr
                                         ? shared->native.unsafeGetTensorImpl()->unsafe_storage()
                                         : borrowed_storage(storage, native_device_for(storage, native_type_),
                                                            c10::GetAllocator(native_type_));
       at::Tensor native =
           native_layouts::quantized_like(t, std::move(native_storage), native_type_, alias_member);
-      return push_alias(std::move(native), t.unsafeGetTensorImpl());
+      return aliases_.add(std::move(native), t.unsafeGetTensorImpl());
     }
     at::Tensor native = native_layouts::sparse_like(t, native_type_, alias_member);
     layouts().sparse.push_back({std::move(native), t.unsafeGetTensorImpl()});
@@ -485,14 +398,13 @@ class AliasScope {
   std::optional<c10::Device> device_;
   std::optional<c10::Device> placement_;  // the first flagos device argument
   bool cpu_results_ = false;
-  c10::SmallVector<AliasedTensor, 4> tensors_;
+  AliasLookup aliases_;
   c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
   c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
   c10::SmallVector<SharedResult, 1> shared_results_;
-  std::unique_ptr<AliasIndex> index_;  // calls of kIndexedFrom aliases or more
   // Calls with sparse or quantized tensors only (ops/routes/native_layouts.h), made on first need.
   struct LayoutState {
-    c10::SmallVector<AliasedTensor, 2> sparse;  // sparse aliases (their members are in tensors_)
+    c10::SmallVector<AliasedTensor, 2> sparse;  // sparse aliases (their members are in aliases_)
     c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> adopted_members;  // native member, its flagos
   };
   std::unique_ptr<LayoutState> layouts_;

@@ -1,0 +1,118 @@
+// The aliases one native-route call made (ops/routes/native_call.cpp's AliasScope), and how the call finds
+// them again: by the flagos storage an argument views (another view of it shares its native storage), by
+// native tensor (a result that is an argument) and by native storage (a result that views an argument).
+// A call has a few tensors, searched in place. One with a long tensor list (an optimizer's foreach ops
+// over every parameter, FSDP's copy-ins and copy-outs) would make every search a scan of hundreds and the
+// call quadratic, so from kIndexedFrom aliases on they are found through maps. Internal to the native
+// route; inline, as it runs on every native-route call.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+namespace flagos::ops {
+
+struct AliasedTensor {
+  at::Tensor native;              // the alias: the call's
+  const c10::TensorImpl* flagos;  // the caller's tensor, alive through the call
+};
+
+class AliasLookup {
+ public:
+  static constexpr size_t kIndexedFrom = 16;
+
+  // Every alias, in the order made.
+  c10::SmallVector<AliasedTensor, 4>& all() { return tensors_; }
+
+  // Adds an alias; the reference is valid until the next add().
+  const at::Tensor& add(at::Tensor&& native, const c10::TensorImpl* flagos) {
+    tensors_.push_back({std::move(native), flagos});
+    const auto last = static_cast<uint32_t>(tensors_.size() - 1);
+    if (index_ != nullptr) {
+      index_->by_flagos_storage.emplace(flagos_storage(tensors_[last]), last);
+    } else if (tensors_.size() >= kIndexedFrom) {
+      index_ = std::make_unique<Index>();
+      index_->by_flagos_storage.reserve(2 * kIndexedFrom);
+      for (uint32_t i = 0; i <= last; ++i) index_->by_flagos_storage.emplace(flagos_storage(tensors_[i]), i);
+    }
+    return tensors_[last].native;
+  }
+
+  // The first alias made for flagos storage `storage`, if any.
+  const AliasedTensor* of_flagos_storage(const c10::StorageImpl* storage) {
+    if (index_ != nullptr) return found_in(index_->by_flagos_storage, storage);
+    for (const AliasedTensor& a : tensors_) {
+      if (flagos_storage(a) == storage) return &a;
+    }
+    return nullptr;
+  }
+
+  // The alias that is native tensor `native` itself, if any.
+  AliasedTensor* that_is(const c10::TensorImpl* native) {
+    if (index_ != nullptr) return found_in(adoption_index().by_native, native);
+    for (AliasedTensor& a : tensors_) {
+      if (a.native.unsafeGetTensorImpl() == native) return &a;
+    }
+    return nullptr;
+  }
+
+  // The first alias whose native storage is `storage` (as the kernel left it), if any.
+  const AliasedTensor* over_native_storage(const c10::StorageImpl* storage) {
+    if (index_ != nullptr) return found_in(adoption_index().by_native_storage, storage);
+    for (const AliasedTensor& a : tensors_) {
+      if (native_storage(a) == storage) return &a;
+    }
+    return nullptr;
+  }
+
+ private:
+  // Each map holds the first alias with its key, as a scan from the front finds it.
+  struct Index {
+    ska::flat_hash_map<const c10::StorageImpl*, uint32_t> by_flagos_storage;  // kept up to date by add()
+    // For adoption, made on first use (after the kernel, which may have given an alias another storage).
+    ska::flat_hash_map<const c10::TensorImpl*, uint32_t> by_native;
+    ska::flat_hash_map<const c10::StorageImpl*, uint32_t> by_native_storage;
+    size_t adoption_covers = 0;  // how many aliases the adoption maps hold
+  };
+
+  static const c10::StorageImpl* flagos_storage(const AliasedTensor& a) {
+    return a.flagos->unsafe_storage().unsafeGetStorageImpl();
+  }
+  static const c10::StorageImpl* native_storage(const AliasedTensor& a) {
+    return a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  }
+
+  template <class Map>
+  AliasedTensor* found_in(const Map& map, typename Map::key_type key) {
+    const auto it = map.find(key);
+    return it == map.end() ? nullptr : &tensors_[it->second];
+  }
+
+  Index& adoption_index() {
+    Index& index = *index_;
+    if (index.adoption_covers != tensors_.size()) {
+      index.by_native.clear();
+      index.by_native_storage.clear();
+      index.by_native.reserve(tensors_.size());
+      for (uint32_t i = 0; i < tensors_.size(); ++i) {
+        index.by_native.emplace(tensors_[i].native.unsafeGetTensorImpl(), i);
+        index.by_native_storage.emplace(native_storage(tensors_[i]), i);
+      }
+      index.adoption_covers = tensors_.size();
+    }
+    return index;
+  }
+
+  c10::SmallVector<AliasedTensor, 4> tensors_;
+  std::unique_ptr<Index> index_;  // from kIndexedFrom aliases on
+};
+
+}  // namespace flagos::ops
