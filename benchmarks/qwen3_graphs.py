@@ -13,15 +13,22 @@ import torch
 from torch_fl import _qwen3
 
 
-def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int):
+def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int, compile_step=False):
+    """Median decode speed of ``repeats`` runs after a warm-up run, the last run's tokens; with
+    ``compile_step`` also the tokens of the compiled step run eagerly (the graph run's parity reference),
+    None otherwise."""
     from torch_fl._static_decode import StaticGreedyDecoder
 
-    decoder = StaticGreedyDecoder(model, graphs=graphs)
+    decoder = StaticGreedyDecoder(model, graphs=graphs, compile_step=compile_step)
     speeds, tokens = [], None
     for _ in range(repeats + 1):  # the first run warms up
         tokens = decoder.generate(ids, new_tokens).cpu()
         speeds.append((new_tokens - 1) / decoder.decode_seconds)
-    return statistics.median(speeds[1:]), tokens
+    compiled_eager = None
+    if compile_step:
+        decoder.graphs = False  # the same compiled step, so nothing is compiled again
+        compiled_eager = decoder.generate(ids, new_tokens).cpu()
+    return statistics.median(speeds[1:]), tokens, compiled_eager
 
 
 def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, config_file: str) -> float:
@@ -55,7 +62,7 @@ def graphs_main(
     ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     rows, failures, notes = {}, [], []
     ref_model = _qwen3.copy_to(master, reference)
-    rows[f"{reference} eager"], ref_tokens = _decode_tokens_per_s(
+    rows[f"{reference} eager"], ref_tokens, _ = _decode_tokens_per_s(
         ref_model, ids.to(reference), new_tokens, False, repeats
     )
     # transformers takes another masking path while a CUDA stream captures (its is_tracing() is true then),
@@ -64,9 +71,18 @@ def graphs_main(
     # tokens where that one parted from eager, else to its own eager run's.
     ref_graph_tokens, ref_parts_at = None, None
     if reference != "cpu":
-        rows[f"{reference} graph"], ref_graph_tokens = _decode_tokens_per_s(
+        rows[f"{reference} graph"], ref_graph_tokens, _ = _decode_tokens_per_s(
             ref_model, ids.to(reference), new_tokens, True, repeats
         )
+        # The step compiled before capture (what Hugging Face's compiled generate replays, one graph a step).
+        speed, tokens, compiled_eager = _decode_tokens_per_s(
+            ref_model, ids.to(reference), new_tokens, True, repeats, compile_step=True
+        )
+        rows[f"{reference} graph (compiled step)"] = speed
+        if not torch.equal(tokens, compiled_eager):
+            failures.append(
+                f"{reference} graph (compiled step) tokens differ from its compiled step run eagerly"
+            )
         ref_parts_at = _first_difference(ref_graph_tokens, ref_tokens)
         if ref_parts_at is not None:
             notes.append(
@@ -82,10 +98,23 @@ def graphs_main(
         for config in configs:
             use_config(config, native_file)
             name = "native" if config == "native" else os.path.basename(config)
-            eager, eager_tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, False, repeats)
+            eager, eager_tokens, _ = _decode_tokens_per_s(
+                fl_model, ids.to("flagos"), new_tokens, False, repeats
+            )
             rows[f"flagos eager ({name})"] = eager
+            if name == "native":
+                compiled = f"flagos graph ({name}, compiled step)"
+                try:
+                    speed, tokens, compiled_eager = _decode_tokens_per_s(
+                        fl_model, ids.to("flagos"), new_tokens, True, repeats, compile_step=True
+                    )
+                    rows[compiled] = speed
+                    if not torch.equal(tokens, compiled_eager):
+                        failures.append(f"{compiled} tokens differ from its compiled step run eagerly")
+                except Exception as e:  # noqa: BLE001 - reported below
+                    failures.append(f"{compiled}: {type(e).__name__}: {str(e).splitlines()[0]}")
             try:
-                speed, tokens = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, True, repeats)
+                speed, tokens, _ = _decode_tokens_per_s(fl_model, ids.to("flagos"), new_tokens, True, repeats)
             except Exception as e:  # reported, not hidden: a config whose ops cannot be captured
                 failures.append(f"flagos graph ({name}): {type(e).__name__}: {str(e).splitlines()[0]}")
                 continue
@@ -118,6 +147,14 @@ def graphs_main(
     for name, value in rows.items():
         print(f"  {name:<58} {value:10.1f}")
     native = rows.get("flagos graph (native)")
+    compiled = rows.get("flagos graph (native, compiled step)")
+    hf_anchor = f"Hugging Face static cache ({reference}, clean process)"
+    for key, label in (
+        (f"{reference} graph (compiled step)", "flagos graph (native, compiled step) / reference's"),
+        (hf_anchor, "flagos graph (native, compiled step) / Hugging Face static"),
+    ):
+        if compiled and key in rows:
+            print(f"  {label:<58} {compiled / rows[key]:10.2f}")
     anchors = [
         (f"{reference} graph", "flagos graph (native) / reference graph"),
         (
@@ -134,7 +171,7 @@ def graphs_main(
         label = "Hugging Face static cache: flagos / reference"
         print(f"  {label:<58} {rows[hf_static_flagos] / rows[hf_static]:10.2f}")
     for name, value in rows.items():
-        if name.startswith("flagos graph (") and name != "flagos graph (native)":
+        if name.startswith("flagos graph (") and not name.startswith("flagos graph (native"):
             print(f"  {name + ' / reference eager':<58} {value / rows[f'{reference} eager']:10.2f}")
     for note in notes:
         print(f"  note: {note}")

@@ -7,6 +7,13 @@ all the host does per token. ``graphs=False`` runs the same step eagerly: the pa
 
 The graph API is the device's own (``torch.flagos`` or ``torch.cuda``), so the same decoder measures
 flagos against cuda.
+
+``compile_step=True`` compiles the step with ``torch.compile`` (Inductor's default mode, no graphs of its own)
+before capture: the graph then replays Inductor's fused kernels, with the ops Inductor leaves to ATen (``mm``)
+routed as eager ones. That is what Hugging Face's static-cache ``generate`` does on cuda (compiled, CUDA
+graphs by Inductor's ``reduce-overhead``), with one graph per step instead of Inductor's graph trees.
+Compiled and eager steps may part at a near tie (fused arithmetic, and transformers' masking takes its
+tracing path under compile), so a compiled graph run is compared with the compiled step run eagerly.
 """
 
 from __future__ import annotations
@@ -20,28 +27,62 @@ def _device_module(device: torch.device):
     return getattr(torch, device.type)
 
 
+def _decode_step(model, token, position, slot, generated, cache) -> None:
+    """One greedy step: the next token from ``token`` at ``position``, written to ``generated`` at ``slot + 1``
+    and to ``token``; ``slot`` and ``position`` advanced. Device work only, nothing read back."""
+    logits = model(
+        input_ids=token,
+        position_ids=position.view(1, 1).expand(token.shape[0], 1),
+        past_key_values=cache,
+        cache_position=position,
+        use_cache=True,
+    ).logits
+    next_token = logits[:, -1:].argmax(-1)
+    token.copy_(next_token)
+    slot.add_(1)
+    generated.index_copy_(1, slot, next_token)
+    position.add_(1)
+
+
 class StaticGreedyDecoder:
     """Greedy decoder of a Hugging Face causal LM with transformers' ``StaticCache``.
 
     ``generate(input_ids, new_tokens)`` returns the generated token ids (batch, new_tokens); prefill runs
-    eagerly, each decode step by graph replay when ``graphs`` is true.
+    eagerly, each decode step by graph replay when ``graphs`` is true, compiled when ``compile_step`` is.
+    The cache is kept for the next call of the same batch and length (reset, not reallocated), so a compiled
+    step is compiled once.
     """
 
-    def __init__(self, model, *, graphs: bool = True, warmup: int = 2):
+    def __init__(self, model, *, graphs: bool = True, warmup: int = 2, compile_step: bool = False):
         self.model = model
         self.graphs = graphs
         self.warmup = warmup
         self.graph = None
         self.decode_seconds = 0.0  # the last generate's decode loop (after prefill, warm-up and capture)
+        self._step = (
+            torch.compile(_decode_step, fullgraph=True, dynamic=False) if compile_step else _decode_step
+        )
+        self._cache, self._cache_key = None, None
+
+    def _static_cache(self, batch: int, max_len: int, device: torch.device):
+        from transformers import StaticCache
+
+        key = (batch, max_len, device)
+        if self._cache_key == key:
+            self._cache.reset()
+        else:
+            self._cache = None  # the old one's memory first
+            self._cache = StaticCache(config=self.model.config, max_cache_len=max_len)
+            self._cache_key = key
+        return self._cache
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        from transformers import StaticCache
-
         model, device = self.model, input_ids.device
         batch, prompt = input_ids.shape
         dm = _device_module(device)
-        cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
+        self.graph = None  # the last call's graph and its pool, before this call allocates
+        cache = self._static_cache(batch, prompt + new_tokens, device)
 
         out = model(
             input_ids=input_ids,
@@ -57,18 +98,7 @@ class StaticGreedyDecoder:
         slot = torch.zeros(1, dtype=torch.long, device=device)  # where the next token goes in `generated`
 
         def step():
-            logits = model(
-                input_ids=token,
-                position_ids=position.view(1, 1).expand(batch, 1),
-                past_key_values=cache,
-                cache_position=position,
-                use_cache=True,
-            ).logits
-            next_token = logits[:, -1:].argmax(-1)
-            token.copy_(next_token)
-            slot.add_(1)
-            generated.index_copy_(1, slot, next_token)
-            position.add_(1)
+            self._step(model, token, position, slot, generated, cache)
 
         if not self.graphs:
             dm.synchronize()

@@ -47,6 +47,66 @@ auto without_gil(Fn&& fn) {
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// A Python call a capture recorded: replay makes it with the GIL; the references are dropped with the GIL
+// too, on whichever thread frees the graph (none once the interpreter is gone).
+class RecordedPythonCall {
+ public:
+  RecordedPythonCall(py::object fn, py::tuple args) : fn_(std::move(fn)), args_(std::move(args)) {}
+  RecordedPythonCall(const RecordedPythonCall&) = delete;
+  RecordedPythonCall& operator=(const RecordedPythonCall&) = delete;
+  ~RecordedPythonCall() {
+    if (!Py_IsInitialized()) {
+      fn_.release();
+      args_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    fn_.release().dec_ref();
+    args_.release().dec_ref();
+  }
+
+  void run() const {
+    py::gil_scoped_acquire gil;
+    try {
+      fn_(*args_);
+    } catch (py::error_already_set& e) {
+      TORCH_CHECK(false, e.what());  // a c10::Error, which replay gives its context
+    }
+  }
+
+ private:
+  py::object fn_;
+  py::tuple args_;
+};
+
+// torch.compile's C++ kernels on a HAL accelerator (torch_fl/_compile/host_kernels.py) are called through
+// this: they read and write flagos memory on this thread, so they first wait for the work queued on the
+// device's current stream, as the native route's host kernels do (ops/routes/native_call.cpp). While that
+// stream is captured the call is recorded instead, as the ops layer records operators, and each replay makes
+// it after the work recorded before it.
+void run_host_kernel(int device, const py::object& kernel, const py::args& args) {
+  HANDLE_TH_ERRORS
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  const c10::Stream stream = runtime::current_stream(index);
+  if (runtime::capture::underway()) {
+    if (runtime::capture::Recording* recording = runtime::capture::recording_for(stream)) {
+      const std::string name = py::str(py::getattr(kernel, "__name__", py::str("kernel")));
+      auto call = std::make_shared<const RecordedPythonCall>(kernel, py::tuple(args));
+      recording->record("torch.compile kernel " + name, [call, index] {
+        runtime::synchronize_stream(runtime::current_stream(index));
+        call->run();
+      });
+      return;
+    }
+  }
+  {
+    py::gil_scoped_release no_gil;
+    runtime::synchronize_stream(stream);
+  }
+  kernel(*args);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 c10::MempoolId_t pool_from(const std::optional<std::pair<uint64_t, uint64_t>>& pool) {
   if (!pool.has_value()) return {0, 0};
   return {pool->first, pool->second};
@@ -84,6 +144,7 @@ void bind_graphs(py::module_& m) {
         without_gil([&] { g.graph().register_generator(gen); });
       });
 
+  m.def("_run_host_kernel", &run_host_kernel);
   m.def("_graph_pool_handle", []() {
     const c10::MempoolId_t id = without_gil([] { return runtime::graph_pool_handle(); });
     return py::make_tuple(id.first, id.second);

@@ -183,14 +183,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_default_stream",
         [](int d) { return stream_tuple(default_stream(static_cast<c10::DeviceIndex>(d))); });
   m.def("_set_stream", [](int64_t id, int d) { return stream_tuple(exchange_stream(stream_from(id, d))); });
-  // Waits for the work queued on device d's current stream. torch.compile's host kernels on a HAL
-  // accelerator (torch_fl/_compile/host_kernels.py) call it before each kernel, as the native route does
-  // before its host kernels (ops/routes/native_call.cpp): they read flagos memory now, on this thread.
-  m.def("_sync_current_stream", [](int d) {
-    const c10::Stream stream = current_stream(static_cast<c10::DeviceIndex>(d));
-    py::gil_scoped_release no_gil;
-    synchronize_stream(stream);
-  });
   m.def("_stream_priority", [](int64_t id, int d) { return stream_priority(stream_from(id, d)); });
   m.def("_stream_priority_range", []() {
     int least = 0;

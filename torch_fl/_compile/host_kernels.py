@@ -5,10 +5,12 @@ flagos tensors, so buffers are flagos memory from flagos's caching allocator and
 fallbacks) are flagos operators that flagos's router serves like eager ones. What differs from a CPU graph
 is in the wrapper code (:class:`HostKernelWrapperCodegen`):
 
-- each C++ kernel call is preceded by a wait for the work queued on its device's current stream: the
-  accelerator runs copies and memsets as stream tasks on worker threads, and a kernel reading flagos memory
-  now, on this thread, must see them, as the native route's host kernels do (ops/routes/native_call.cpp,
-  ``NativeCall::run``); waiting on an idle stream takes no lock;
+- each C++ kernel is called through ``torch_fl._C._run_host_kernel``, which first waits for the work
+  queued on the device's current stream: the accelerator runs copies and memsets as stream tasks on worker
+  threads, and a kernel reading flagos memory now, on this thread, must see them, as the native route's host
+  kernels do (ops/routes/native_call.cpp, ``NativeCall::run``); waiting on an idle stream takes no lock.
+  While that stream is captured (``torch.flagos.graph``) the call is recorded into the graph instead, so a
+  compiled function can be captured and replayed as eager operators are;
 - buffers are allocated on the graph's device by index (Inductor emits a device guard only for GPU types,
   so ``device='flagos'`` alone would mean the current device).
 
@@ -18,7 +20,6 @@ flagos like the CPU, whose kernels these are.
 
 from __future__ import annotations
 
-import torch
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
@@ -33,9 +34,9 @@ from torch_fl._compile import (
 )
 from torch_fl._compile.adapters import classify_as_cpu
 
-# The name generated code calls the wait by (imported in the module's header).
-_WAIT = "flagos_wait_for_stream"
-_WAIT_IMPORT = f"from torch_fl._C import _sync_current_stream as {_WAIT}"
+# The name generated code calls its C++ kernels through (imported in the module's header).
+_RUN = "flagos_run_host_kernel"
+_RUN_IMPORT = f"from torch_fl._C import _run_host_kernel as {_RUN}"
 
 
 class HostKernelOpOverrides(CpuDeviceOpOverrides):
@@ -54,28 +55,26 @@ class HostKernelOpOverrides(CpuDeviceOpOverrides):
 class _HostKernelCalls:
     """The wrapper-code changes, shared by the graph's wrapper and its subgraphs' (torch.cond bodies...)."""
 
-    def _host_kernel_device(self, device, triton: bool):
-        """Before a C++ kernel's call on flagos: the wait for the device's current stream; then the CPU, as
-        which the call itself is emitted (a C++ kernel's call on CPU tensors)."""
+    def _emit_host_kernel_call(self, kernel_name, call_args, device, triton) -> bool:
+        """Emits a C++ kernel's call on flagos (see the module's docstring); False for any other call."""
         device = device or V.graph.get_current_device_or_throw()
         if device.type != DEVICE_TYPE or triton:
-            return device
-        self.writeline(f"{_WAIT}({-1 if device.index is None else device.index})")  # -1: the current device
-        return torch.device("cpu")
+            return False
+        index = -1 if device.index is None else device.index  # -1: the current device
+        self.writeline(self.wrap_kernel_call(_RUN, [str(index), kernel_name, *call_args]))
+        return True
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
-        device = self._host_kernel_device(device, triton)
-        return super()._generate_kernel_call_helper(
-            kernel_name, call_args, device=device, triton=triton, **kwargs
-        )
+        if not self._emit_host_kernel_call(kernel_name, call_args, device, triton):
+            super()._generate_kernel_call_helper(
+                kernel_name, call_args, device=device, triton=triton, **kwargs
+            )
 
     if not hasattr(PythonWrapperCodegen, "_generate_kernel_call_helper"):  # a torch that emits calls at once
 
         def generate_kernel_call(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
-            device = self._host_kernel_device(device, triton)
-            return super().generate_kernel_call(
-                kernel_name, call_args, device=device, triton=triton, **kwargs
-            )
+            if not self._emit_host_kernel_call(kernel_name, call_args, device, triton):
+                super().generate_kernel_call(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
     def make_allocation(self, name, device, *args, **kwargs):
         line = super().make_allocation(name, device, *args, **kwargs)
@@ -101,7 +100,7 @@ class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
 
     def write_header(self) -> None:
         super().write_header()
-        self.imports.writeline(_WAIT_IMPORT)
+        self.imports.writeline(_RUN_IMPORT)
 
 
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
