@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -49,6 +50,19 @@ def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, co
     return 1.0 / statistics.median(per_token)
 
 
+class _Rows(dict):
+    """The table's rows, each also printed when measured (a run cut short by a time limit still says what
+    it measured, and how long each took)."""
+
+    def __init__(self):
+        super().__init__()
+        self._start = time.perf_counter()
+
+    def __setitem__(self, name, value):
+        super().__setitem__(name, value)
+        print(f"  [{time.perf_counter() - self._start:5.0f} s] {name}: {value:.1f} tokens/s", flush=True)
+
+
 def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     """The first new-token position where two greedy runs differ, None when they are equal."""
     differs = (a != b).any(0).nonzero()
@@ -60,7 +74,7 @@ def graphs_main(
 ) -> int:
     """``use_config(config, native_file)`` loads a routing config (qwen3.py's)."""
     ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
-    rows, failures, notes = {}, [], []
+    rows, failures, notes = _Rows(), [], []
     ref_model = _qwen3.copy_to(master, reference)
     rows[f"{reference} eager"], ref_tokens, _ = _decode_tokens_per_s(
         ref_model, ids.to(reference), new_tokens, False, repeats

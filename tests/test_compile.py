@@ -13,6 +13,7 @@ on flagos streams, and what ``import torch_fl`` leaves alone. Shapes are small: 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_fl
 from torch_fl import routing
+from torch_fl._compile import graph_replay
 
 
 def _clone_args(args):
@@ -378,40 +380,69 @@ def test_extern_kernels_go_through_the_router():
 
 @pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
 def test_compile_modes(mode):
-    """Both modes ask for CUDA graphs (max-autotune autotunes too) and give eager's results. Backed by
-    CUDA they replay flagos graphs (the first call warms up, the second records, later calls replay;
-    Inductor counts no skip); on the simulated accelerator they run without replay: its C++ kernels wait
-    for the stream, which a capture forbids (docs/compile.md)."""
+    """Both modes ask for CUDA graphs (max-autotune autotunes too) and give eager's results. They replay
+    flagos graphs (the first call warms up, the second records, later calls replay; Inductor counts no
+    skip): CUDA graphs when backed, on the simulated accelerator graphs that record the C++ kernels'
+    calls (docs/compile.md)."""
     from torch._dynamo.utils import counters
-
-    from torch_fl._compile import graph_replay
 
     torch._dynamo.reset()
     skips, before = counters["inductor"]["cudagraph_skips"], graph_replay.stats()
     fn = torch.compile(lambda x, w: F.gelu(x @ w) * 2, mode=mode)
     w = rand(32, 16, seed=1)
     outputs = []
-    for i in range(4):
-        x = rand(16, 32, seed=10 + i)
-        outputs.append((fn(x, w), F.gelu(x @ w) * 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            x = rand(16, 32, seed=10 + i)
+            outputs.append((fn(x, w), F.gelu(x @ w) * 2))
+    assert not [m for m in caught if "not replayed" in str(m.message)], [str(m.message) for m in caught]
     for actual, expected in outputs:  # kept across calls: replays must not overwrite earlier outputs
         assert_same(actual, expected, 8.0)
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert _replays_since(before) == {"eager": 1, "recorded": 1, "replayed": 3}
+
+
+def _replays_since(before):
     after = graph_replay.stats()
-    replays = {key: after[key] - before[key] for key in after}
-    if torch_fl._compile.flavour() == "triton":
-        assert counters["inductor"]["cudagraph_skips"] == skips
-        assert replays == {"eager": 1, "recorded": 1, "replayed": 3}, replays
-    else:
-        assert counters["inductor"]["cudagraph_skips"] == skips + 1
-        assert replays == {"eager": 0, "recorded": 0, "replayed": 0}
+    return {key: after[key] - before[key] for key in after}
+
+
+@pytest.mark.parametrize("partition", [True, False], ids=["graph_partition", "whole_graph"])
+def test_reduce_overhead_replays_with_mutation_and_new_values(partition):
+    """reduce-overhead with an input the graph mutates (copied into the graph's buffer and back), a
+    parameter-like static input changed in place between calls (read in place) and a copied input whose
+    values change between calls (the same tensor refilled): every call gives eager's results and state,
+    and after the warm-up and one recording every call is a replay. With and without graph partitions
+    (torch's default partitions the graph; partitions take flagos nodes on either accelerator)."""
+    torch._dynamo.reset()
+
+    def step(x, w, acc):
+        y = torch.tanh(x @ w) + 1
+        acc.add_(y.sum(0))
+        return y * acc, acc.mean()
+
+    w = rand(8, 4, seed=1)
+    torch._dynamo.mark_static_address(w)
+    acc, acc_eager, x = torch.zeros(4, device=DEVICE), torch.zeros(4, device=DEVICE), rand(6, 8, seed=2)
+    with torch._inductor.config.patch(graph_partition=partition):
+        compiled = torch.compile(step, mode="reduce-overhead")
+        before = graph_replay.stats()
+        for i in range(5):
+            x.copy_(rand(6, 8, seed=10 + i))  # new values in the same input tensor
+            if i == 3:
+                w.mul_(0.5)  # a static input changed in place: the replay reads it
+            actual, expected = compiled(x, w, acc), step(x, w, acc_eager)
+            for a, e in zip(actual, expected, strict=True):
+                assert_same(a, e, 8.0, f"call {i}")
+            assert_same(acc, acc_eager, 8.0, f"call {i}: the mutated input")
+    assert _replays_since(before) == {"eager": 1, "recorded": 1, "replayed": 4}
 
 
 def test_reduce_overhead_training_step():
     """A training step compiled with reduce-overhead: the forward and the backward graph (AOTAutograd's)
-    each warm up, record and replay when backed by CUDA; losses and gradients stay eager's, also for
-    gradients kept from an earlier step (replays must not overwrite them)."""
-    from torch_fl._compile import graph_replay
-
+    each warm up, record and replay; losses and gradients stay eager's, also for gradients kept from an
+    earlier step (replays must not overwrite them)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(DEVICE)
@@ -436,14 +467,9 @@ def test_reduce_overhead_training_step():
     for i, grads in enumerate(kept[:-1]):
         for g, later in zip(grads, kept[i + 1], strict=True):
             assert not torch.equal(g, later), f"step {i}'s gradient was overwritten by a later replay"
-    after = graph_replay.stats()
-    replays = {key: after[key] - before[key] for key in after}
-    if torch_fl._compile.flavour() == "triton":
-        # forward: warm-up, record, 2 replays; backward: warm-up (the eager forward's saved tensors), warm-up
-        # (copies out of replays), record, replay (test_compile_graph_replay.py says why).
-        assert replays == {"eager": 3, "recorded": 2, "replayed": 5}, replays
-    else:
-        assert replays == {"eager": 0, "recorded": 0, "replayed": 0}
+    # forward: warm-up, record, 2 replays; backward: warm-up (the eager forward's saved tensors), warm-up
+    # (copies out of replays), record, replay (test_compile_graph_replay.py says why).
+    assert _replays_since(before) == {"eager": 3, "recorded": 2, "replayed": 5}
 
 
 def test_cpp_wrapper_is_a_clear_error():
@@ -463,6 +489,10 @@ def test_registration_status():
     assert get_interface_for_device(DEVICE).current_device() == torch.flagos.current_device()
     assert get_scheduling_for_device(DEVICE) is torch.flagos.Scheduling
     assert is_gpu(DEVICE) == (status["flavour"] == "triton")
+    # reduce-overhead replays flagos graphs on both; graph partitions need telling only where not a GPU type.
+    assert "inductor.compile_fx.cudagraphify" in status["adapters"]
+    partitions = "inductor.scheduler.Scheduler.should_partition" in status["adapters"]
+    assert partitions == (status["flavour"] == "cpp"), status["adapters"]
 
 
 _STREAM_ORDER_SCRIPT = """
@@ -489,6 +519,15 @@ with torch.flagos.stream(side):
     z = compiled(y)
 side.synchronize()
 out["side_stream"] = torch.equal(z.cpu(), src * 6 + 1)
+# reduce-overhead: a replay's recorded kernels wait for the copy queued before the call, as the calls do.
+from torch_fl._compile import graph_replay
+replayed = graph_replay.stats()["replayed"]
+graphed = torch.compile(lambda x: x * 3 - 1, mode="reduce-overhead")
+ok = []
+for i in range(4):
+    x.copy_((src + i).pin_memory(), non_blocking=True)
+    ok.append(torch.equal(graphed(x).cpu(), (src + i) * 3 - 1))
+out["replays_wait"] = all(ok) and graph_replay.stats()["replayed"] - replayed == 3
 print("RESULT " + json.dumps(out))
 """
 
@@ -496,14 +535,16 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.skipif(torch_fl.accelerator() != "sim", reason="the simulated accelerator's stream delay")
 def test_compiled_host_kernels_wait_for_queued_stream_work(run_python):
     """With every stream task delayed, an async copy into a compiled graph's input is still queued when
-    the graph runs: its C++ kernel must wait for the current stream (default, then a side stream). The
-    process compiles a CPU function before importing torch_fl: import then registers at once."""
+    the graph runs: its C++ kernel must wait for the current stream (default, then a side stream), also
+    when replayed from a flagos graph (reduce-overhead). The process compiles a CPU function before
+    importing torch_fl: import then registers at once."""
     env = {"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_STREAM_DELAY_US": "200000"}
     out = run_python(_STREAM_ORDER_SCRIPT, env=env, timeout=240).check().json()
     assert out["registered_at_import"], "not registered at import though Inductor was loaded"
     assert out["copy_pending"] and out["side_pending"], "the copies were not pending: the test proves nothing"
     assert out["default_stream"], "a compiled kernel read its input before the queued copy into it ran"
     assert out["side_stream"], "a compiled kernel on a side stream did not wait for that stream"
+    assert out["replays_wait"], "a replayed compiled kernel read its input before the queued copy into it ran"
 
 
 def test_import_loads_no_compiler(run_python):

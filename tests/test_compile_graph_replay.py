@@ -3,7 +3,8 @@
 ``GraphRunner`` wraps a compiled callable in Inductor's boxed convention (one list of inputs, cleared by the
 call). Here the callables are written by hand from flagos operators, so the simulated accelerator's graphs
 (which record operators) replay them; with flagos backed by CUDA the same tests run on CUDA graphs. What
-Inductor hands over end to end is in test_compile.py (test_compile_modes) and the GPU tests.
+Inductor hands over end to end is in test_compile.py (test_compile_modes, test_reduce_overhead_*), on
+either accelerator.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ _lock = threading.RLock()
 _interface_registered = False
 _inductor_classes: dict[str, object] | None = None
 _adapters: list[str] = []
+_replays_graphs = False  # whether register_graph_replay is in effect
 _warned_cudagraphs = False
 
 
@@ -62,16 +63,34 @@ def _flavour_module(kind: str):
     return host_kernels
 
 
+def register_graph_replay(device_type: str) -> list[str]:
+    """``mode="reduce-overhead"`` (``triton.cudagraphs``) for ``device_type`` graphs on either accelerator:
+    Inductor's graph wrapping gives them ``graph_replay.GraphRunner`` (``torch.flagos`` graphs) where it
+    would give cuda graphs CUDA graphs (``adapters.replay_graphs_as_cuda``), and graph partitions take their
+    nodes where flagos is not a GPU type (``adapters.partition_as_gpu``: the C++ kernels on a HAL
+    accelerator, which its graphs record). Returns the adapters installed; none where this torch lacks
+    what they adapt, and :func:`warn_if_cudagraphs_requested` then says so."""
+    from torch_fl._compile.adapters import partition_as_gpu, replay_graphs_as_cuda
+
+    global _replays_graphs
+    names = replay_graphs_as_cuda(device_type)
+    if names:
+        names += partition_as_gpu(device_type)
+    _replays_graphs = bool(names)
+    return names
+
+
 def warn_if_cudagraphs_requested(accelerator: str) -> None:
     """Once per process, where CUDA graphs were asked for (``mode="reduce-overhead"``,
-    ``triton.cudagraphs``): Inductor's CUDA-graph trees take graphs of device type cuda only, so a flagos
-    graph runs without graph replay, and Inductor says so only in its ``cudagraph_skips`` counter."""
+    ``triton.cudagraphs``) and flagos graphs are not replayed (:func:`register_graph_replay` found nothing
+    to adapt): Inductor's CUDA-graph trees take graphs of device type cuda only, so a flagos graph runs
+    without graph replay, and Inductor says so only in its ``cudagraph_skips`` counter."""
     import warnings
 
     from torch._inductor import config
 
     global _warned_cudagraphs
-    if _warned_cudagraphs or not config.triton.cudagraphs:
+    if _replays_graphs or _warned_cudagraphs or not config.triton.cudagraphs:
         return
     _warned_cudagraphs = True
     warnings.warn(
@@ -136,6 +155,26 @@ def register_device_interface() -> bool:
     return True
 
 
+def tag_compile_cache() -> None:
+    """Adds torch_fl's compile code to the compile caches' key (``torch.compiler.config.cache_key_tag``,
+    where this torch has it; a user's own tag is kept in front). Inductor keys a cached graph by torch's
+    sources and configuration, not by a device backend's: without the tag, a graph cached under an earlier
+    torch_fl would be loaded with the code generated for that version (helpers it calls that changed since)."""
+    import hashlib
+    import pathlib
+
+    from torch.compiler import config
+
+    if not hasattr(config, "cache_key_tag"):
+        return
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    tag = f"torch_fl-{digest.hexdigest()[:16]}"
+    if tag not in config.cache_key_tag:
+        config.cache_key_tag = f"{config.cache_key_tag}+{tag}" if config.cache_key_tag else tag
+
+
 def register_inductor() -> dict[str, object] | None:
     """Registers Inductor's backend for flagos (and the device interface it needs); returns the classes
     published on torch.flagos, or None where flagos has no accelerator. Idempotent."""
@@ -146,6 +185,7 @@ def register_inductor() -> dict[str, object] | None:
     with _lock:
         if _inductor_classes is None:
             register_device_interface()
+            tag_compile_cache()
             classes, adapters = _flavour_module(kind).register(DEVICE_TYPE)
             _adapters.extend(adapters)
             _inductor_classes = classes

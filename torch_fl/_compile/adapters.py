@@ -141,7 +141,8 @@ def report_as_cuda_to_triton(device_type: str) -> list[str]:
 
 
 def replay_graphs_as_cuda(device_type: str) -> list[str]:
-    """``mode="reduce-overhead"`` (``config.triton.cudagraphs``) replays graphs for ``device_type`` graphs.
+    """``mode="reduce-overhead"`` (``config.triton.cudagraphs``) replays graphs for ``device_type`` graphs, as
+    Inductor replays CUDA graphs for cuda graphs (on either accelerator: the graphs are ``torch.flagos``'s).
 
     Inductor has no per-device hook for graph replay. Three places decide it for cuda only:
     - ``cudagraph_utils.check_multiple_devices_or_any_cpu_nodes`` gives a graph whose one device is not of
@@ -224,4 +225,53 @@ def replay_graphs_as_cuda(device_type: str) -> list[str]:
         replacement.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(module, name, replacement)
         _replace_in_inductor(name, original, replacement)
+    return names
+
+
+def partition_as_gpu(device_type: str) -> list[str]:
+    """Graph partitions (``config.graph_partition``, torch's default) take ``device_type`` nodes as GPU nodes.
+
+    With partitions, reduce-overhead wraps each partition rather than the graph, and
+    ``Scheduler.should_partition`` keeps out of partitions every node whose ``is_gpu()`` is false (reason
+    "<device> ops"): a graph of C++ kernels on flagos, whose type is not one of Inductor's GPU types, then
+    has no partition and nothing is replayed. While ``should_partition`` runs, ``BaseSchedulerNode.is_gpu``
+    answers true for ``device_type`` nodes, so they meet the checks GPU nodes meet (device copies, control
+    flow, unbacked sizes, CUDA-graph-unsafe ops...); everywhere else (fusion, loop merging, zero-dim CPU
+    scalars) it answers as before. Nothing is installed where ``device_type`` is a GPU type already.
+    """
+    import threading
+
+    from torch._inductor import scheduler, utils
+
+    scheduler_class = getattr(scheduler, "Scheduler", None)
+    node_class = getattr(scheduler, "BaseSchedulerNode", None)
+    original_partition = getattr(scheduler_class, "should_partition", None)
+    original_is_gpu = getattr(node_class, "is_gpu", None)
+    if original_partition is None or original_is_gpu is None or utils.is_gpu(device_type):
+        return []
+    names = ["inductor.scheduler.Scheduler.should_partition", "inductor.scheduler.BaseSchedulerNode.is_gpu"]
+    if getattr(original_partition, "_flagos_device_type", None) == device_type:
+        return names
+    deciding = threading.local()
+
+    def should_partition(self, node):
+        depth = getattr(deciding, "depth", 0)  # should_partition recurses into fused nodes
+        deciding.depth = depth + 1
+        try:
+            return original_partition(self, node)
+        finally:
+            deciding.depth = depth
+
+    def is_gpu(self) -> bool:
+        if getattr(deciding, "depth", 0):
+            device = self.get_device()
+            if device is not None and device.type == device_type:
+                return True
+        return original_is_gpu(self)
+
+    should_partition._flagos_device_type = device_type  # type: ignore[attr-defined]
+    for replacement, original in ((should_partition, original_partition), (is_gpu, original_is_gpu)):
+        replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    scheduler_class.should_partition = should_partition
+    node_class.is_gpu = is_gpu
     return names

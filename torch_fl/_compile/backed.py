@@ -22,8 +22,13 @@ from torch._inductor.codegen.common import get_device_op_overrides, register_dev
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
-from torch_fl._compile import register_backend, unsupported_cpp_wrapper, warn_if_cudagraphs_requested
-from torch_fl._compile.adapters import register_gpu_type, replay_graphs_as_cuda, report_as_cuda_to_triton
+from torch_fl._compile import (
+    register_backend,
+    register_graph_replay,
+    unsupported_cpp_wrapper,
+    warn_if_cudagraphs_requested,
+)
+from torch_fl._compile.adapters import register_gpu_type, report_as_cuda_to_triton
 
 try:  # Halide scheduling: where this torch has it (config.cuda_backend = "halide")
     from torch._inductor.codegen.halide import HalideScheduling
@@ -35,16 +40,12 @@ except ImportError:  # pragma: no cover
     WrapperFxCodegen = None
 
 
-_replays_graphs = False  # whether replay_graphs_as_cuda is in effect (torch has what it adapts)
-
-
 class BackedWrapperCodegen(PythonWrapperCodegen):
     """CUDA's Python wrapper; says once when CUDA graphs were asked for and cannot be replayed."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if not _replays_graphs:
-            warn_if_cudagraphs_requested("CUDA")
+        warn_if_cudagraphs_requested("CUDA")
 
     @staticmethod
     def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
@@ -68,10 +69,8 @@ def scheduling(scheduler):
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     """Registers CUDA's Inductor backend for ``device_type``; returns the classes published on torch.flagos
     and the adapters installed."""
-    global _replays_graphs
-    replay = replay_graphs_as_cuda(device_type)  # mode="reduce-overhead": graph_replay.py
-    _replays_graphs = bool(replay)
-    adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type) + replay
+    adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type)
+    adapters += register_graph_replay(device_type)  # mode="reduce-overhead": graph_replay.py
     # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
     register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
     classes = {

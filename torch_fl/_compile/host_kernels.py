@@ -15,7 +15,8 @@ is in the wrapper code (:class:`HostKernelWrapperCodegen`):
   so ``device='flagos'`` alone would mean the current device).
 
 Inductor takes the device for a GPU unless told otherwise; ``adapters.classify_as_cpu`` makes it classify
-flagos like the CPU, whose kernels these are.
+flagos like the CPU, whose kernels these are. ``mode="reduce-overhead"`` replays flagos graphs as when
+flagos is backed by CUDA (``register_graph_replay``): the capture records the C++ kernels' calls.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch._inductor.virtualized import V
 from torch_fl._compile import (
     DEVICE_TYPE,
     register_backend,
+    register_graph_replay,
     unsupported_cpp_wrapper,
     warn_if_cudagraphs_requested,
 )
@@ -106,7 +108,7 @@ class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     """Registers the C++-kernel backend for ``device_type``; returns the classes published on torch.flagos
     and the adapters installed."""
-    adapters = classify_as_cpu(device_type)
+    adapters = classify_as_cpu(device_type) + register_graph_replay(device_type)
     # torch's own overrides first: older versions fill the table once, when it is empty.
     get_device_op_overrides("cpu")
     register_device_op_overrides(device_type, HostKernelOpOverrides())
