@@ -56,9 +56,11 @@ where the inference overhead goes.
 Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
 in a process that never imports torch_fl; on a GPU also the same ``generate`` on flagos (native routing) in a
 fresh process, compiled as generate compiles on cuda (docs/compile.md): the recipe users pick, on both
-devices. The token ids of every graph run are checked against its eager run. Ratios: flagos graph /
-reference graph, flagos graph / Hugging Face, flagos graph / reference eager, and Hugging Face static on
-flagos / on the reference.
+devices. Also the graph of the step compiled before capture (``compile_step``: Inductor's kernels, one graph a
+step) on the reference GPU and on flagos (native). The token ids of every graph run are checked against the
+same step run eagerly: equal, or parting only at a near tie (noted with the top-2 margin); anything else
+fails the benchmark. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph /
+reference eager, the same for the compiled step's graph, and Hugging Face static on flagos / on the reference.
 
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]

@@ -223,3 +223,42 @@ def test_compile_time_benchmark(run_python, qwen3):
     row = re.compile(r"\| \S+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|")
     rows = [line for line in phases.splitlines() if line.startswith("| ") and "phase" not in line]
     assert len(rows) == 5 and all(row.fullmatch(line) for line in rows), out
+
+
+def test_graph_benchmark_parity_rule():
+    """benchmarks/qwen3.py --graphs: two runs that should agree may part only at a near tie of the first
+    run's step (a note); parting anywhere else is a failure."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from qwen3_graphs import _parity
+    finally:
+        sys.path.pop(0)
+    from torch_fl._static_decode import StaticGreedyDecoder
+
+    model = _qwen3.copy_to(_qwen3.build_model("tiny", dtype=torch.float32), "flagos")
+    ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    expected = StaticGreedyDecoder(model, graphs=False).generate(ids.to("flagos"), 6).cpu()
+    failures, notes = [], []
+    _parity(model, ids, expected, expected.clone(), "same", failures, notes)
+    assert failures == [] and notes == []
+
+    step = 3
+    with torch.no_grad():
+        logits = model(torch.cat([ids, expected[:, :step]], 1).to("flagos")).logits[0, -1].cpu()
+    far = expected.clone()
+    far[0, step] = int(logits.argmin())  # the least likely token: no tie
+    _parity(model, ids, expected, far, "far", failures, notes)
+    assert len(failures) == 1 and failures[0].startswith("far: ") and "not a near tie" in failures[0]
+
+    # An exact tie: the head's row of another token made equal to the chosen token's.
+    tied = int(logits.argsort()[-2])
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head[tied] = head[int(expected[0, step])]
+    near = expected.clone()
+    near[0, step] = tied
+    failures.clear()
+    _parity(model, ids, expected, near, "near", failures, notes)
+    assert failures == [] and len(notes) == 1 and notes[0].startswith(f"near: part at new token {step}")
