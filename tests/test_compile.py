@@ -479,6 +479,9 @@ def test_cpp_wrapper_is_a_clear_error():
 
 
 def test_registration_status():
+    torch.compile(lambda t: t + 1)(
+        torch.ones(1, device=DEVICE)
+    )  # the first compile registers (run alone too)
     status = torch_fl._compile.status()
     assert status["inductor"] and status["device_interface"]
     assert status["flavour"] == ("triton" if torch_fl.accelerator() == "cuda" else "cpp")
@@ -545,6 +548,24 @@ def test_compiled_host_kernels_wait_for_queued_stream_work(run_python):
     assert out["default_stream"], "a compiled kernel read its input before the queued copy into it ran"
     assert out["side_stream"], "a compiled kernel on a side stream did not wait for that stream"
     assert out["replays_wait"], "a replayed compiled kernel read its input before the queued copy into it ran"
+
+
+def test_compile_cache_key_carries_torch_fl(run_python):
+    """Inductor's caches key graphs by torch's sources, not torch_fl's: the first compile adds a hash of
+    torch_fl's compile code to ``cache_key_tag`` (a user's tag kept in front), so graphs cached under another
+    torch_fl are not loaded with code generated for it."""
+    code = """
+    import hashlib, pathlib, torch, torch_fl
+    torch.compile(lambda t: t * 2)(torch.ones(2, device="flagos"))
+    from torch.compiler import config
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(torch_fl._compile.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    assert config.cache_key_tag == "mine+torch_fl-" + digest.hexdigest()[:16], config.cache_key_tag
+    torch_fl._compile.tag_compile_cache()  # again: the tag is not added twice
+    assert config.cache_key_tag.count("torch_fl-") == 1, config.cache_key_tag
+    """
+    run_python(code, env={"TORCH_COMPILE_CACHE_KEY_TAG": "mine"}).check()
 
 
 def test_import_loads_no_compiler(run_python):
