@@ -14,7 +14,9 @@
 #                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
 #   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): collective bandwidth 1 MiB-1 GiB, the
 #                               # distributed suite on NCCL, then DDP and FSDP2 Qwen3-0.6B 20 steps against
-#                               # cuda (benchmarks/distributed.py), one launch each
+#                               # cuda (benchmarks/distributed.py), one launch each; MULTI_GPU_PARTS=train
+#                               # DIST_REPEATS=3 DIST_HOST_DIFF=0: training alone, medians over three
+#                               # launches each (~12 launches of ~40 s: the limit of one call)
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
@@ -105,23 +107,31 @@ if [ "$mode" = multi-gpu ]; then
   # NVLink multicast stays off on the lent machines (the device notes): also in every process started here.
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  echo "== [$SECONDS s] $gpus GPUs: collectives, the distributed tests, then training"
+  # MULTI_GPU_PARTS (default "collectives tests train") picks parts: "train" alone leaves the whole call
+  # to DIST_REPEATS=3 (medians over launches, ~12 launches of ~40 s).
+  parts=${MULTI_GPU_PARTS:-collectives tests train}
+  echo "== [$SECONDS s] $gpus GPUs: $parts"
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
-  # Collectives: 5 alternating rounds (~30 s; at 16 MiB one round moves the ratio by up to 30%).
-  timeout $(left 200) python3 benchmarks/distributed.py --parts collectives --repeats 5 \
-    --json "$L/collectives.json" 2>&1 | grep -v USDT | tee "$L/collectives.log" \
-    | grep -E "^\||^#|lowest|FAILED|Error|exit code|stopped" | head -30
-  # test_benchmark.py's GPU case is the benchmark's training part, which runs below with 20 steps.
-  echo "== [$SECONDS s] tests/distributed/test_nccl_gpu.py"
-  timeout $(left 350) python3 -m pytest tests/distributed/test_nccl_gpu.py \
-    -q -p no:cacheprovider -rfEs --tb=short --durations=8 > "$L/dist-tests.log" 2>&1
-  summary dist-tests.log
+  if [[ " $parts " == *" collectives "* ]]; then
+    # 5 alternating rounds (~30 s; at 16 MiB one round moves the ratio by up to 30%).
+    timeout $(left 200) python3 benchmarks/distributed.py --parts collectives --repeats 5 \
+      --json "$L/collectives.json" 2>&1 | grep -v USDT | tee "$L/collectives.log" \
+      | grep -E "^\||^#|lowest|FAILED|Error|exit code|stopped" | head -30
+  fi
+  if [[ " $parts " == *" tests "* ]]; then
+    # test_benchmark.py's GPU case is the benchmark's training part, which runs below with 20 steps.
+    echo "== [$SECONDS s] tests/distributed/test_nccl_gpu.py"
+    timeout $(left 350) python3 -m pytest tests/distributed/test_nccl_gpu.py \
+      -q -p no:cacheprovider -rfEs --tb=short --durations=8 > "$L/dist-tests.log" 2>&1
+    summary dist-tests.log
+  fi
+  [[ " $parts " == *" train "* ]] || { echo "== [$SECONDS s] done"; exit 0; }
   # DDP and FSDP2 of Qwen3-0.6B, 2x512 tokens a rank (DIST_TRAIN_ARGS="--batch 8 --seq-len 1024" for the
   # larger size): a flagos and a cuda launch of each (~40 s a launch; DIST_REPEATS=2 needs the time of the
   # tests above: run it in a call of its own); --host-diff: where flagos's host time per step goes beyond
   # cuda's.
   echo "== [$SECONDS s] training"
-  timeout $(left 585) python3 benchmarks/distributed.py --parts train --repeats ${DIST_REPEATS:-1} --host-diff 15 \
+  timeout $(left 585) python3 benchmarks/distributed.py --parts train --repeats ${DIST_REPEATS:-1} --host-diff ${DIST_HOST_DIFF:-15} \
     ${DIST_TRAIN_ARGS:-} --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
     | grep -E "^\||^#|losses|FAILED|Error|exit code|stopped" | head -80
   echo "== [$SECONDS s] done"
