@@ -67,7 +67,8 @@ class StaticGreedyDecoder:
     def _static_cache(self, batch: int, max_len: int, device: torch.device):
         from transformers import StaticCache
 
-        key = (batch, max_len, device)
+        # The cache takes the model's dtype at its first write: a model cast between calls needs a new one.
+        key = (batch, max_len, device, next(self.model.parameters()).dtype)
         if self._cache_key == key:
             self._cache.reset()
         else:
