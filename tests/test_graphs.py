@@ -455,22 +455,6 @@ def test_qwen3_tiny_compiled_step_graph_equals_compiled_eager():
     assert torch.equal(eager, uncompiled)  # float32, random weights: no near ties in 10 tokens
 
 
-def test_decoder_compiles_its_step_once():
-    """The decoder keeps its cache between calls of one length, so its compiled step is not recompiled."""
-    from torch._dynamo.testing import CompileCounter
-
-    model = _qwen3.copy_to(_qwen3.build_model("tiny", dtype=torch.float32), DEV)
-    ids = torch.zeros(1, 4, dtype=torch.long, device=DEV)
-    torch._dynamo.reset()
-    decoder = StaticGreedyDecoder(model, graphs=True)
-    counter = CompileCounter()
-    decoder._step = torch.compile(decoder._step, backend=counter, fullgraph=True, dynamic=False)
-    first = decoder.generate(ids, 5).cpu()
-    second = decoder.generate(ids, 5).cpu()
-    assert torch.equal(first, second)
-    assert counter.frame_count == 1
-
-
 def _forward_eager_and_replayed(model, ids, device: str):
     """The forward's logits eager and replayed from a graph, both on the capture's side stream (the same
     library handles and workspaces), on ``device`` ("flagos": FlagosGraph; "cuda": torch.cuda.CUDAGraph)."""

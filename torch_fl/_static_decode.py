@@ -48,9 +48,8 @@ class StaticGreedyDecoder:
     """Greedy decoder of a Hugging Face causal LM with transformers' ``StaticCache``.
 
     ``generate(input_ids, new_tokens)`` returns the generated token ids (batch, new_tokens); prefill runs
-    eagerly, each decode step by graph replay when ``graphs`` is true, compiled when ``compile_step`` is.
-    The cache is kept for the next call of the same batch and length (reset, not reallocated), so a compiled
-    step is compiled once.
+    eagerly, each decode step by graph replay when ``graphs`` is true, compiled when ``compile_step`` is
+    (once per decoder: a later call's new cache needs no recompilation).
     """
 
     def __init__(self, model, *, graphs: bool = True, warmup: int = 2, compile_step: bool = False):
@@ -62,28 +61,16 @@ class StaticGreedyDecoder:
         self._step = (
             torch.compile(_decode_step, fullgraph=True, dynamic=False) if compile_step else _decode_step
         )
-        self._cache, self._cache_key = None, None
-
-    def _static_cache(self, batch: int, max_len: int, device: torch.device):
-        from transformers import StaticCache
-
-        # The cache takes the model's dtype at its first write: a model cast between calls needs a new one.
-        key = (batch, max_len, device, next(self.model.parameters()).dtype)
-        if self._cache_key == key:
-            self._cache.reset()
-        else:
-            self._cache = None  # the old one's memory first
-            self._cache = StaticCache(config=self.model.config, max_cache_len=max_len)
-            self._cache_key = key
-        return self._cache
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        from transformers import StaticCache
+
         model, device = self.model, input_ids.device
         batch, prompt = input_ids.shape
         dm = _device_module(device)
         self.graph = None  # the last call's graph and its pool, before this call allocates
-        cache = self._static_cache(batch, prompt + new_tokens, device)
+        cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
 
         out = model(
             input_ids=input_ids,
