@@ -183,12 +183,26 @@ def test_synchronising_calls_fail_the_capture(forbidden):
             y = x * 2  # noqa: F841
             forbidden(x)
     assert not torch.flagos.is_current_stream_capturing()
-    g.reset()
-    del g
+    g.reset()  # where torch's own check refused the call first, the capture ended: a graph to drop
     y = None  # noqa: F841
     gc.collect()
     assert torch.flagos.memory_allocated() == before
-    # The device is usable afterwards.
+    # The allocator is as before the capture: an allocation that does not fit retries after releasing the
+    # cache, and empty_cache releases (torch's CUDA graph alone leaves its caching allocator taking the
+    # failed capture as still underway, which stops both for the rest of the process).
+    retries = torch.flagos.memory_stats()["num_alloc_retries"]
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(2**40, dtype=torch.uint8, device=DEV)
+    assert torch.flagos.memory_stats()["num_alloc_retries"] == retries + 1
+    # The graph captures again, and the device is usable.
+    with torch.flagos.graph(g):
+        z = x * 3
+    g.replay()
+    assert torch.equal(z.cpu(), torch.full((8,), 3.0))
+    g.reset()
+    del g, z
+    gc.collect()
+    assert torch.flagos.memory_allocated() == before
     assert torch.equal((x + 1).cpu(), torch.full((8,), 2.0))
 
 

@@ -9,8 +9,11 @@
 #include <c10/util/Exception.h>
 
 #if FLAGOS_TORCH_HAS_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -52,11 +55,26 @@ class CudaBackedGraph final : public DeviceGraph {
   explicit CudaBackedGraph(bool keep_graph) : keep_graph_(keep_graph) {}
 
   void capture_begin(c10::MempoolId_t pool, CaptureErrorMode mode) override {
+    // The pool id is chosen here, not by CUDAGraph, so that a failed capture can give it back (below).
+    pool_ = (pool.first == 0 && pool.second == 0) ? at::cuda::graph_pool_handle() : pool;
+    device_ = c10::cuda::current_device();
     // The device's default flagos generator, as CUDA's capture registers its own default generator.
     graph().register_generator_state(native_of(default_generator(current_device())));
-    graph().capture_begin(pool, cuda_capture_mode(mode));
+    try {
+      graph().capture_begin(pool_, cuda_capture_mode(mode));
+    } catch (...) {
+      abandon_capture(/*began=*/false);
+      throw;
+    }
   }
-  void capture_end() override { graph().capture_end(); }
+  void capture_end() override {
+    try {
+      graph().capture_end();
+    } catch (...) {
+      abandon_capture(/*began=*/true);
+      throw;
+    }
+  }
   void instantiate() override { graph().instantiate(); }
   void replay() override { graph().replay(); }
   void reset() override { graph_.reset(); }
@@ -82,7 +100,52 @@ class CudaBackedGraph final : public DeviceGraph {
     return *graph_;
   }
 
+  // torch's CUDAGraph leaves the caching allocators routing to its pool when a capture fails between
+  // beginAllocateToPool and endAllocateToPool (an invalidated capture fails in cudaStreamEndCapture, before
+  // the end): the allocator then keeps an entry whose filter points into the graph, empty_cache() stops
+  // releasing memory for the rest of the process (it releases nothing while a capture is "underway"), and
+  // an out-of-memory allocation no longer retries after freeing the cache. And a capture that never ended
+  // keeps its pool referenced, since reset() gives the pool back only after a capture that ended. So a
+  // failed capture ends the allocators' routing and gives the pool back here, then drops the CUDAGraph:
+  // the FlagosGraph is as before the capture. `began`: capture_begin returned, so the pool was referenced.
+  void abandon_capture(bool began) {
+    bool ended_here = false;
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool_);
+      ended_here = true;
+    } catch (const c10::Error&) {
+      // Not routing to the pool: capture_begin failed before it, or capture_end failed after the end.
+    }
+    if (began || ended_here) c10::cuda::CUDACachingAllocator::releasePool(device_, pool_);
+    end_host_pool(at::getHostAllocator(at::kCUDA), began, 0);
+    graph_.reset();
+  }
+
+  // Recent torch's CUDAGraph also routes pinned host allocations to the pool; where torch's HostAllocator
+  // has no pool API, this overload drops out and the one below does nothing.
+  template <typename Host>
+  auto end_host_pool(Host* host, bool began,
+                     int /*preferred*/) -> decltype(host->end_allocate_to_pool(c10::MempoolId_t{}), void()) {
+    bool ended_here = false;
+    try {
+      host->end_allocate_to_pool(pool_);
+      ended_here = true;
+    } catch (const c10::Error&) {
+    }
+    if (began || ended_here) {
+      try {
+        host->release_pool(pool_);
+      } catch (const std::exception&) {
+        // The host allocator never saw this pool (a capture_begin that failed before routing to it).
+      }
+    }
+  }
+  template <typename Host>
+  void end_host_pool(Host* /*host*/, bool /*began*/, long /*fallback*/) {}
+
   bool keep_graph_;
+  c10::MempoolId_t pool_{0, 0};
+  c10::DeviceIndex device_ = 0;
   bool debug_ = false;  // enable_debug_mode() holds for the graphs of later captures too
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  // null before the first capture and after reset()
 };
