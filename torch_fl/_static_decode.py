@@ -97,8 +97,10 @@ class StaticGreedyDecoder:
             self.decode_seconds = time.perf_counter() - start
             return generated[:, :new_tokens].clone()
 
-        # Warm up on a side stream (lazy initialisation, autotuning, first-call compilation), undoing what
-        # the warm-up steps advanced; they wrote the cache at positions the replays overwrite.
+        # Warm up on the stream the capture then uses (lazy initialisation, autotuning, first-call
+        # compilation, and per-stream state such as cuBLAS's workspace, which a capture would otherwise
+        # allocate from the graph's pool and so pin the pool after the graph is gone), undoing what the
+        # warm-up steps advanced; they wrote the cache at positions the replays overwrite.
         # transformers' StaticLayer keeps its own write position (cumulative_length) besides cache_position.
         counters = [
             c for c in (getattr(layer, "cumulative_length", None) for layer in cache.layers) if c is not None
@@ -119,7 +121,7 @@ class StaticGreedyDecoder:
 
         graph_class = torch.flagos.FlagosGraph if device.type == "flagos" else torch.cuda.CUDAGraph
         graph = graph_class()
-        with dm.graph(graph):
+        with dm.graph(graph, stream=side):
             step()
         self.graph = graph  # kept for inspection; its pool holds the step's memory
         dm.synchronize()
