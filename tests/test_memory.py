@@ -135,28 +135,36 @@ def test_cache_reuses_freed_blocks():
     assert torch.flagos.memory_stats()["num_device_alloc"] == device_allocs
 
 
-def assert_cache_released(device=None):
+def cached_beyond_live(device=None):
+    """What the cache holds beyond live blocks (after _settle: what empty_cache could not release)."""
+    return torch.flagos.memory_reserved(device) - torch.flagos.memory_allocated(device)
+
+
+def assert_cache_released(device=None, cached_before=0):
     """After empty_cache: nothing cached beyond what live blocks need. Our allocator does not split blocks,
     so reserved == allocated; torch's CUDA allocator (backing flagos on NVIDIA) keeps the segments that
-    still hold live blocks, and reports the same numbers as torch.cuda."""
+    still hold live blocks, and reports the same numbers as torch.cuda. Earlier tests in the process leave
+    such segments (a cuBLAS workspace per stream, kept by torch for the life of the process, can sit in a
+    large segment): ``cached_before``, measured by the test after _settle, is what they hold."""
     reserved, allocated = torch.flagos.memory_reserved(device), torch.flagos.memory_allocated(device)
     if torch_fl._C._backing_type() == "cuda":
         assert reserved == torch.cuda.memory_reserved(device)
         assert allocated == torch.cuda.memory_allocated(device)
-        assert reserved - allocated < 20 * MiB
+        assert reserved - allocated < cached_before + 20 * MiB
     else:
         assert reserved == allocated
 
 
 def test_empty_cache_returns_cached_blocks():
     _settle()
+    cached_before = cached_beyond_live()
     tensors = [torch.empty(MiB * (i + 1), dtype=torch.uint8, device="flagos") for i in range(4)]
     keep = torch.empty(MiB, dtype=torch.uint8, device="flagos")
     del tensors
     assert torch.flagos.memory_reserved() > torch.flagos.memory_allocated()
     frees = torch.flagos.memory_stats()["num_device_free"]
     torch.flagos.empty_cache()
-    assert_cache_released()
+    assert_cache_released(cached_before=cached_before)
     # Our allocator gives each block its own device allocation; torch's CUDA allocator (backing flagos on
     # NVIDIA) packs blocks of 1-10 MiB into shared 20 MiB segments, so at least one segment went back.
     freed = 1 if torch_fl._C._backing_type() == "cuda" else 4
@@ -182,6 +190,7 @@ def test_blocks_are_reused_only_on_their_stream():
 def test_allocation_loop_does_not_leak(iterations, device_count):
     _settle()
     base = [torch.flagos.memory_allocated(i) for i in range(device_count)]
+    cached_before = [cached_beyond_live(i) for i in range(device_count)]
     host = torch.arange(64, dtype=torch.float32)
     side = [torch.flagos.Stream(device=dev) for dev in range(device_count)]
     for i in range(iterations):
@@ -204,7 +213,7 @@ def test_allocation_loop_does_not_leak(iterations, device_count):
     assert after == base
     torch.flagos.empty_cache()
     for dev in range(device_count):
-        assert_cache_released(dev)
+        assert_cache_released(dev, cached_before[dev])
 
 
 def test_oom_raises_and_names_device():
@@ -308,6 +317,8 @@ def test_torch_accelerator_memory_matches():
     acc = torch.accelerator
     if not hasattr(acc, "memory_allocated"):
         pytest.skip("this torch has no torch.accelerator memory API")
+    _settle()
+    cached_before = cached_beyond_live()
     x = torch.empty(3 * MiB, dtype=torch.uint8, device="flagos")
     assert acc.memory_allocated() == torch.flagos.memory_allocated()
     assert acc.memory_reserved() == torch.flagos.memory_reserved()
@@ -317,6 +328,6 @@ def test_torch_accelerator_memory_matches():
     assert torch.flagos.max_memory_allocated() == torch.flagos.memory_allocated()
     del x
     acc.empty_cache()
-    assert_cache_released()
+    assert_cache_released(cached_before=cached_before)
     if hasattr(acc, "get_memory_info"):
         assert tuple(acc.get_memory_info()) == torch.flagos.mem_get_info()
