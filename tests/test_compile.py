@@ -599,7 +599,15 @@ assert seen == [torch.device("cuda", 1)], seen
 assert hints.DeviceProperties.create(torch.device("cpu")) == "cuda properties" and seen[-1] == torch.device("cpu")
 assert utils.is_gpu("flagos") and "cuda" in utils.GPU_TYPES
 assert utils.get_gpu_type() == "flagos", utils.get_gpu_type()
-assert get_scheduling_for_device("flagos") is backed.scheduling is classes["Scheduling"]
+assert get_scheduling_for_device("flagos") is backed.BackedScheduling is classes["Scheduling"]
+# A class, a TritonScheduling by type: Inductor's is_triton (argmax, max over a dim, scans) asserts that much
+# of a device other than cuda; constructed, it is the scheduling cuda gets.
+from torch._inductor import ir
+from torch._inductor.codegen.common import BackendFeature, get_backend_features
+from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+assert ir.is_triton(torch.device("flagos")) and ir.is_triton("flagos")
+assert type(backed.BackedScheduling(None)) is CUDACombinedScheduling
+assert BackendFeature.TUPLE_REDUCTION in get_backend_features("flagos")
 assert "_cuda_getCurrentRawStream" in get_device_op_overrides("flagos").import_get_raw_stream_as("s")
 assert get_device_op_overrides("flagos") is get_device_op_overrides("cuda")
 assert device_interface.interface_for("triton") is device_interface.BackedInterface

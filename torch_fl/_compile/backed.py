@@ -20,6 +20,7 @@ from __future__ import annotations
 from torch._inductor import config
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
+from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
 from torch_fl._compile import (
@@ -54,16 +55,26 @@ class BackedWrapperCodegen(PythonWrapperCodegen):
         return BackedWrapperCodegen()
 
 
-def scheduling(scheduler):
-    """CUDA's scheduling for the backend ``config.cuda_backend`` names, as torch registers it for cuda."""
-    backends = {"triton": CUDACombinedScheduling}
-    if HalideScheduling is not None:
-        backends["halide"] = HalideScheduling
-    if config.cuda_backend not in backends:
-        raise RuntimeError(
-            f"torch._inductor.config.cuda_backend={config.cuda_backend!r} is not one flagos has"
-        )
-    return backends[config.cuda_backend](scheduler)
+class BackedScheduling(TritonScheduling):
+    """CUDA's scheduling for the backend ``config.cuda_backend`` names, as torch registers it for cuda.
+
+    torch registers a function for cuda (it picks the backend per call), and answers ``ir.is_triton`` for
+    cuda from ``config.cuda_backend``; for any other device ``is_triton`` asserts that the registered
+    scheduling is a class and asks whether it is a ``TritonScheduling`` (torch 2.13 asks it for every
+    argmax/argmin, ``max``/``min`` over a dim, scans and ``cond``), so a function there fails the compile.
+    Hence a class: a TritonScheduling by type, whose construction gives the scheduling the backend names
+    (``CUDACombinedScheduling``, Triton plus CUDA's C++ templates, as for cuda). Under ``cuda_backend="halide"``
+    ``is_triton`` still reads True for flagos, where for cuda it reads False."""
+
+    def __new__(cls, scheduler):
+        backends = {"triton": CUDACombinedScheduling}
+        if HalideScheduling is not None:
+            backends["halide"] = HalideScheduling
+        if config.cuda_backend not in backends:
+            raise RuntimeError(
+                f"torch._inductor.config.cuda_backend={config.cuda_backend!r} is not one flagos has"
+            )
+        return backends[config.cuda_backend](scheduler)
 
 
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
@@ -74,12 +85,12 @@ def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
     register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
     classes = {
-        "Scheduling": scheduling,
+        "Scheduling": BackedScheduling,
         "PythonWrapperCodegen": BackedWrapperCodegen,
         "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "CUDA"),
         "WrapperFxCodegen": WrapperFxCodegen,
     }
     register_backend(
-        device_type, scheduling, BackedWrapperCodegen, classes["CppWrapperCodegen"], WrapperFxCodegen
+        device_type, BackedScheduling, BackedWrapperCodegen, classes["CppWrapperCodegen"], WrapperFxCodegen
     )
     return classes, adapters
