@@ -166,6 +166,37 @@ def test_compiled_optimizer_step_matches_eager():
             assert_same(opt.state[p][key], eager_opt.state[p_e][key], 16.0, f"{name} {key}")
 
 
+def test_compiled_optimizer_keeps_its_state_on_flagos(run_python):
+    """As Dynamo does for cuda parameters: a compiled optimizer's first step makes the param groups of
+    flagos parameters capturable, so its state (the step counters too) lives on flagos and the compiled
+    step has no CPU kernels (adapters.capturable_optimizer_state); the update is eager's."""
+    code = """
+    import torch, torch_fl
+    from torch import nn
+    torch.compile(lambda x: x + 1)(torch.ones(2, device="flagos"))  # torch_fl registers with the compiler
+    torch.manual_seed(0)
+    models = [nn.Linear(4, 4).to("flagos") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in models]
+    steps = [opts[0].step, torch.compile(opts[1].step)]
+    x = torch.randn(2, 4).to("flagos")
+    for _ in range(3):
+        for model, opt, step in zip(models, opts, steps):
+            opt.zero_grad()
+            model(x).sum().backward()
+            step()
+    devices = {k: v.device.type for s in opts[1].state.values() for k, v in s.items()}
+    assert devices == {"step": "flagos", "exp_avg": "flagos", "exp_avg_sq": "flagos"}, devices
+    assert all(group["capturable"] for group in opts[1].param_groups)
+    assert all(not group["capturable"] for group in opts[0].param_groups)  # eager: as the user made it
+    for eager, compiled in zip(models[0].parameters(), models[1].parameters()):
+        # The capturable update computes the bias corrections on device tensors, fused: float32 rounding.
+        torch.testing.assert_close(compiled.cpu(), eager.cpu(), rtol=1e-4, atol=1e-5)
+    assert "dynamo.variables.optimizer.OptimizerVariable._set_capturable" in torch_fl._compile.status()["adapters"]
+    """
+    run_python(code).check()
+
+
 # ---- RNG ------------------------------------------------------------------------------------------------
 
 

@@ -145,12 +145,14 @@ def register_device_interface() -> bool:
         if not _interface_registered:
             from torch._dynamo.device_interface import register_interface_for_device
 
+            from torch_fl._compile.adapters import capturable_optimizer_state
             from torch_fl._compile.device_interface import interface_for
 
             interface = interface_for(kind)
             register_interface_for_device(DEVICE_TYPE, interface)
             for index in range(_C._device_count()):
                 register_interface_for_device(f"{DEVICE_TYPE}:{index}", interface)
+            _adapters.extend(capturable_optimizer_state(DEVICE_TYPE))
             _interface_registered = True
     return True
 

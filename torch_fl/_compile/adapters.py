@@ -275,3 +275,45 @@ def partition_as_gpu(device_type: str) -> list[str]:
     scheduler_class.should_partition = should_partition
     node_class.is_gpu = is_gpu
     return names
+
+
+def capturable_optimizer_state(device_type: str) -> list[str]:
+    """A compiled optimizer step keeps its state on ``device_type``, as Dynamo keeps it on cuda.
+
+    Before tracing an optimizer's first step, Dynamo sets ``capturable=True`` on each param group whose
+    parameters are all cuda (or xpu) tensors and have no state yet (``OptimizerVariable._set_capturable``),
+    so that the state, the ``step`` counters included, is created on the GPU; the traced code takes the
+    capturable branch either way. For flagos parameters the flag stayed False, so the ``step`` counters were
+    CPU tensors: the compiled step then had C++ kernels of its own (compiled with the host compiler) and
+    GPU kernels reading CPU scalars. The wrapper sets the flag, under Dynamo's same conditions, for groups of
+    ``device_type`` parameters (torch's optimizers support capturable state on the PrivateUse1 device), then
+    runs Dynamo's own. It is installed with the device interface, so an optimizer traced before torch_fl
+    registered with the compiler (a compiled optimizer step as a process's first compile) keeps CPU steps.
+    """
+    try:
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+    except ImportError:  # pragma: no cover
+        return []
+    original = getattr(OptimizerVariable, "_set_capturable", None)
+    if original is None:
+        return []
+    names = ["dynamo.variables.optimizer.OptimizerVariable._set_capturable"]
+    if getattr(original, "_flagos_device_type", None) == device_type:
+        return names
+
+    def _set_capturable(self, tx):
+        state = getattr(self.value, "state", {})
+        for group in getattr(self.value, "param_groups", ()):
+            params = group.get("params", [])
+            if (
+                "capturable" in group
+                and params
+                and all(p.device.type == device_type and p not in state for p in params)
+            ):
+                group["capturable"] = True
+        return original(self, tx)
+
+    _set_capturable._flagos_device_type = device_type  # type: ignore[attr-defined]
+    _set_capturable.__wrapped__ = original  # type: ignore[attr-defined]
+    OptimizerVariable._set_capturable = _set_capturable
+    return names
