@@ -90,11 +90,56 @@ def test_static_input_changed_in_place_is_seen_replaced_is_recorded_again():
     w.mul_(3)  # same tensor, new values: the replay reads them
     assert torch.equal(run([x, w])[0].cpu(), torch.full((2, 2), 9.0))
     before = graph_replay.stats()
-    w2 = torch.full((3, 2), 2.0).to(DEVICE)  # another tensor: another recording, after its warm-up
+    # Another tensor of the same shape: another recording, at once (the signature was warmed up; the trees
+    # too warm up a compiled graph once, not once per static input's address).
+    w2 = torch.full((3, 2), 2.0).to(DEVICE)
     assert torch.equal(run([x, w2])[0].cpu(), torch.full((2, 2), 6.0))
     assert torch.equal(run([x, w2])[0].cpu(), torch.full((2, 2), 6.0))
     assert torch.equal(run([x, w])[0].cpu(), torch.full((2, 2), 9.0))  # the first recording again
-    assert delta(before) == {"eager": 1, "recorded": 1, "replayed": 2}
+    assert delta(before) == {"eager": 0, "recorded": 1, "replayed": 3}
+    assert len(run.recordings) == 2
+
+
+def test_a_new_static_cache_per_call_sequence_records_without_another_warm_up():
+    """Hugging Face's ``generate(cache_implementation="static")`` makes a new cache (static inputs,
+    ``mark_static_address``) per call: each decoding sequence after the first records on its first step
+    and replays from then on, and the steps read and write that sequence's cache."""
+
+    def step(token, cache):
+        cache.add_(token)
+        return [cache * 1]
+
+    run = runner(step, static=(1,))
+    before = graph_replay.stats()
+    caches = []  # kept: a cache freed could give the next one its address (CUDA's caching allocator does)
+    for _ in range(3):
+        cache = torch.zeros(2).to(DEVICE)
+        caches.append(cache)
+        for i in range(4):
+            (out,) = run([t(1, i), cache])
+            assert out.cpu().tolist() == [i + 1, i * (i + 1) / 2]
+        assert cache.cpu().tolist() == [4, 6]
+    # The first sequence warms up, records and replays; the later ones record at once.
+    assert delta(before) == {"eager": 1, "recorded": 3, "replayed": 11}
+
+
+def test_new_static_tensors_do_not_use_up_the_rerecord_limit():
+    """A model fed a new static cache per call (generate) keeps replaying past the re-record limit: other
+    static tensors of one signature are not new signatures; the least recently used of them go."""
+    run = runner(lambda x, cache: [x + cache], static=(1,), limit=1)
+    caches = [t(float(n), 0.0) for n in range(3 * graph_replay._STATIC_VARIANTS)]
+    before = graph_replay.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning about the limit
+        for n, cache in enumerate(caches):
+            for i in range(2):
+                assert run([t(i, 1), cache])[0].cpu().tolist() == [n + i, 1]
+    assert delta(before) == {"eager": 1, "recorded": len(caches), "replayed": 2 * len(caches) - 1}
+    assert len(run.recordings) == graph_replay._STATIC_VARIANTS
+    # The kept ones are the most recent: the newest cache replays without recording again.
+    before = graph_replay.stats()
+    assert run([t(5, 1), caches[-1]])[0].cpu().tolist() == [5 + len(caches) - 1, 1]
+    assert delta(before) == {"eager": 0, "recorded": 0, "replayed": 1}
 
 
 def test_new_shapes_and_sizes_get_recordings_of_their_own():
@@ -164,9 +209,9 @@ def test_outputs_of_a_replay_are_copied_where_another_graph_declares_them_static
         (saved,) = forward([t(i, i)])
         (grad,) = backward([saved, t(1, 3)])
         assert grad.cpu().tolist() == [2 * i, 6 * i]
-    # forward: warm-up, record, 2 replays; backward: warm-up on the eager forward's output (static), warm-up
-    # on a copy (copied in), record, replay.
-    assert delta(before) == {"eager": 3, "recorded": 2, "replayed": 5}
+    # forward: warm-up, record, 2 replays; backward: warm-up on the eager forward's output (static), then
+    # on a copy (copied in: same signature, warmed up) record, 2 replays.
+    assert delta(before) == {"eager": 2, "recorded": 2, "replayed": 6}
     assert len(backward.recordings) == 1
 
 
@@ -183,6 +228,46 @@ def test_a_graph_that_cannot_be_captured_runs_eagerly_with_one_warning():
         caught_all += [str(w.message) for w in caught if "could not be captured" in str(w.message)]
     assert delta(before) == {"eager": 4, "recorded": 0, "replayed": 0}
     assert len(caught_all) == 1 and not run.recordings
+
+
+def test_copied_inputs_of_every_kind():
+    """Copied inputs go in one ``_foreach_copy_`` per device; an expanded one is copied through its index
+    (one element along its zero strides). (Not a CPU scalar: a CUDA graph keeps the value it had at capture
+    in its kernels' arguments, and Inductor does not hand such a graph to graph replay.)"""
+    run = runner(lambda a, b, e, s, w: [a + b.sum() + e * s + w], static=(4,))
+    w = t(10, 20)
+    for i in range(4):
+        a, b, e, s = t(i, 2 * i), t(1, 2, 3), t(i).expand(2), t(float(i + 1))
+        assert run([a, b, e, s, w])[0].cpu().tolist() == [
+            i + 6 + i * (i + 1) + 10,
+            2 * i + 6 + i * (i + 1) + 20,
+        ]
+    (recording,) = run.recordings
+    assert len(recording.foreach_copies) == 1  # a, b and s
+    assert [i for i, _ in recording.expanded_copies] == [2]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_static_address_check_in_cpp_or_python(monkeypatch, native):
+    """torch's CUDA builds compare the static inputs' addresses in C++; elsewhere one Python pass does.
+    Either way a different tensor in a static input's place, or something else than a tensor, misses."""
+    calls = []
+
+    def cpp_check(inputs, ptrs, idxs):  # torch's _tensors_data_ptrs_at_indices_equal, as documented
+        calls.append(len(idxs))
+        return all(inputs[i].data_ptr() == ptrs[i] for i in idxs)
+
+    monkeypatch.setattr(graph_replay, "_native_ptrs_equal", cpp_check if native else None)
+    run = runner(lambda x, w, v: [x * w + v], static=(1, 2))
+    x, w, v = t(1, 2), t(3, 4), t(5, 6)
+    for _ in range(3):
+        assert run([x, w, v])[0].cpu().tolist() == [8, 14]
+    (recording,) = run.recordings
+    assert recording.matches([x, w, v])
+    assert not recording.matches([x, w, t(5, 6)])
+    assert not recording.matches([x, w, 3])
+    assert not recording.matches([x, w])
+    assert bool(calls) == native
 
 
 @pytest.mark.parametrize("constants", [(), (torch.zeros(1),)])

@@ -11,8 +11,11 @@ when flagos is backed by CUDA):
   later calls copy the inputs into the graph's input buffers and replay;
 - inputs Inductor declares static (parameters, buffers, ``mark_static_address`` tensors such as a static KV
   cache) are used in place; the graph is recorded again when one of them is a different tensor than at
-  capture (a new cache, reloaded weights), as the trees do; other tensor inputs are copied into buffers the
-  graph owns, and the buffers of inputs the graph mutates are copied back into the caller's tensors;
+  capture (a new cache, reloaded weights), as the trees do, and at once: a warm-up is per signature, which
+  leaves the static inputs' addresses out (the trees warm up each compiled graph once; Hugging Face's
+  ``generate`` makes a new static cache per call, which would otherwise cost an eager step per call too);
+  other tensor inputs are copied into buffers the graph owns (one ``_foreach_copy_`` per device, as the
+  trees copy), and the buffers of inputs the graph mutates are copied back into the caller's tensors;
 - outputs are returned as copies: a replay overwrites the graph's output memory, and a caller may keep an
   output past the next call (the trees detect such a use and raise; a copy per output keeps it right);
 - the graphs of one compiled callable share one memory pool (the first graph's): sound because nothing in
@@ -22,11 +25,21 @@ when flagos is backed by CUDA):
 
 An input signature is the shapes, strides and dtypes of the tensor inputs and the values of the integer
 inputs (dynamic shapes); up to ``config.triton.cudagraph_unexpected_rerecord_limit`` graphs are recorded
-per compiled graph, beyond which the compiled code runs without replay (with one warning).
+per compiled graph, beyond which the compiled code runs without replay (with one warning). Recordings of one
+signature for other static tensors do not count towards that limit: up to ``_STATIC_VARIANTS`` are kept, the
+least recently used dropped (with its graph) beyond.
+
+A replayed call costs the caller, beyond the replay itself: checking the copied inputs' shapes, strides and
+dtypes and the static inputs' addresses against the last recording used (the addresses in one C++ call,
+``torch._C._tensors_data_ptrs_at_indices_equal``, as the trees check them, where torch has it: its CUDA
+builds; else one Python pass over precomputed indices, ~70 ns a static input), the copy-in (one
+``_foreach_copy_``), and one copy per output. What a recording can lay out once, it does
+(``benchmarks/graph_replay_overhead.py`` times the parts).
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,8 +47,18 @@ from typing import Any
 
 import torch
 
+from torch_fl import _C
+
 DEVICE_TYPE = "flagos"
+# Recordings kept per input signature for different static tensors (addresses), the least recently used
+# dropped beyond: they do not count towards the re-record limit (nor do they for the trees), and a model
+# alternating between a few caches keeps a graph for each.
+_STATIC_VARIANTS = 4
 _ALIGNMENT = 16  # Inductor's kernels assume inputs aligned like this (compile_fx's check of static inputs)
+
+# torch's CUDA builds compare data pointers at indices in C++ (the trees' check); CPU builds lack it.
+_native_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_data_ptr = torch.Tensor.data_ptr
 
 _stats_lock = threading.Lock()
 _stats = {"recorded": 0, "replayed": 0, "eager": 0}
@@ -59,22 +82,34 @@ def is_flagos_graph(inputs: Sequence[Any], constants: Sequence[Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE for t in (*inputs, *constants))
 
 
-def _data_ptrs_equal(inputs: Sequence[Any], ptrs: list[int | None], idxs: list[int]) -> bool:
-    """Whether ``inputs[i].data_ptr() == ptrs[i]`` for every i of ``idxs``."""
-    native = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # torch's CUDA builds have it
-    if native is not None:
-        return native(inputs, ptrs, idxs)
-    return all(inputs[i].data_ptr() == ptrs[i] for i in idxs)
+def _capturing() -> bool:
+    """``torch.flagos.is_current_stream_capturing()`` without the ``Stream`` object it builds (a few us per
+    call, and every call asks)."""
+    if not _C._is_initialized():
+        return False
+    stream_id, device_index, _ = _C._get_current_stream(-1)  # -1: the current device
+    return _C._is_stream_capturing(stream_id, device_index)
 
 
-def _signature(inputs: Sequence[Any], static_idxs: Sequence[int]) -> tuple:
-    """What a recording depends on: the copied tensor inputs' shapes, strides and dtypes, the static
-    inputs' addresses and the other inputs' values (integers for dynamic sizes)."""
-    static = frozenset(static_idxs)
+def _taker(idxs: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
+    """``lambda xs: tuple(xs[i] for i in idxs)`` in one C call (``itemgetter`` of one index returns the item
+    itself, of none fails)."""
+    if len(idxs) > 1:
+        return operator.itemgetter(*idxs)
+    if len(idxs) == 1:
+        (i,) = idxs
+        return lambda xs: (xs[i],)
+    return lambda xs: ()
+
+
+def _signature(inputs: Sequence[Any]) -> tuple:
+    """What a warm-up is for: the tensor inputs' shapes, strides and dtypes and the other inputs' values
+    (integers for dynamic sizes). Static inputs' addresses are left out: a new tensor in a static input's
+    place (a new KV cache) needs a recording of its own, not another warm-up."""
     parts = []
-    for idx, x in enumerate(inputs):
+    for x in inputs:
         if isinstance(x, torch.Tensor):
-            parts.append(x.data_ptr() if idx in static else (tuple(x.shape), x.stride(), x.dtype))
+            parts.append((tuple(x.shape), x.stride(), x.dtype))
         elif isinstance(x, torch.SymInt):
             parts.append(int(x))
         elif isinstance(x, (int, float, bool)):
@@ -84,8 +119,22 @@ def _signature(inputs: Sequence[Any], static_idxs: Sequence[int]) -> tuple:
     return tuple(parts)
 
 
+def _expanded_index(x: torch.Tensor) -> tuple | None:
+    """The index taking one element along the dimensions ``x`` has expanded (stride 0), or None when it has
+    none. Such an input is copied through the index: its buffer has the same zero strides, and a full copy
+    would write one element many times (one that overlaps itself is refused)."""
+    index = tuple(
+        0 if stride == 0 and size > 1 else slice(None)
+        for size, stride in zip(x.shape, x.stride(), strict=True)
+    )
+    return index if any(isinstance(i, int) for i in index) else None
+
+
 class _Recording:
-    """One captured graph with its input buffers and output memory, and the inputs it was captured for."""
+    """One captured graph with its input buffers and output memory, and the inputs it was captured for.
+
+    Everything a replayed call checks or copies is laid out here once, as index lists and the tuples they
+    select, so that a call does no Python work per static input beyond reading its address."""
 
     def __init__(
         self,
@@ -97,10 +146,14 @@ class _Recording:
         pool: tuple[int, int] | None,
     ):
         static = frozenset(static_idxs)
+        self.signature: tuple = ()  # the GraphRunner's _signature of the inputs, which it sets
         self.count = len(inputs)
         self.static_idxs = list(static_idxs)
-        # Indexed like the inputs (torch's check compares ptrs[i] with inputs[i] for i in static_idxs).
+        # Indexed like the inputs, for torch's C++ check (it compares ptrs[i] with inputs[i], i in static_idxs).
         self.static_ptrs = [inputs[i].data_ptr() if i in static else None for i in range(len(inputs))]
+        # In static_idxs' order, for the Python check: one list comparison.
+        self.static_ptr_list = [inputs[i].data_ptr() for i in self.static_idxs]
+        self.take_static = _taker(self.static_idxs)
         self.copy_idxs = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in static]
         self.copy_meta = [(i, inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in self.copy_idxs]
         self.values = [(i, x) for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)]
@@ -110,6 +163,18 @@ class _Recording:
         for i in self.copy_idxs:
             x = inputs[i]
             self.buffers[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        # Copy-in plan: one _foreach_copy_ per device (one op for the step's few copied inputs, as the trees'
+        # _copy_inputs_and_remove_from_src; a foreach op takes tensors of one device: the graph's, or the
+        # CPU for a CPU scalar), and expanded inputs one by one through their index.
+        by_device: dict[torch.device, list[int]] = {}
+        self.expanded_copies: list[tuple[int, tuple]] = []
+        for i in self.copy_idxs:
+            index = _expanded_index(inputs[i])
+            if index is None:
+                by_device.setdefault(inputs[i].device, []).append(i)
+            else:
+                self.expanded_copies.append((i, index))
+        self.foreach_copies = [([self.buffers[i] for i in idxs], _taker(idxs)) for idxs in by_device.values()]
         self._copy_in(inputs)
         current = torch.flagos.current_stream()
         capture_stream = torch.flagos.Stream(device=device_index)
@@ -142,11 +207,19 @@ class _Recording:
         for i, value in self.values:
             if inputs[i] != value:
                 return False
-        return _data_ptrs_equal(inputs, self.static_ptrs, self.static_idxs)
+        try:
+            if _native_ptrs_equal is not None:
+                return _native_ptrs_equal(inputs, self.static_ptrs, self.static_idxs)
+            return list(map(_data_ptr, self.take_static(inputs))) == self.static_ptr_list
+        except (TypeError, AttributeError, RuntimeError):
+            # Not a tensor where the recording had a static one (pybind's cast error is a RuntimeError).
+            return False
 
     def _copy_in(self, inputs: Sequence[Any]) -> None:
-        for i in self.copy_idxs:
-            _copy_expanded(self.buffers[i], inputs[i])
+        for buffers, take in self.foreach_copies:
+            torch._foreach_copy_(buffers, take(inputs))
+        for i, index in self.expanded_copies:
+            self.buffers[i][index].copy_(inputs[i][index])
 
     def run(self, inputs: list[Any]) -> Any:
         self._copy_in(inputs)
@@ -167,19 +240,6 @@ def _output_copy(output: torch.Tensor) -> torch.Tensor:
     copy = output.clone(memory_format=torch.preserve_format)
     setattr(copy, _COPY_MARK, True)
     return copy
-
-
-def _copy_expanded(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)``, copying one element along the dimensions ``src`` has expanded (stride 0), which
-    ``dst`` has too (it was made with ``src``'s strides)."""
-    index = tuple(
-        0 if stride == 0 and size > 1 else slice(None)
-        for size, stride in zip(src.shape, src.stride(), strict=True)
-    )
-    if any(isinstance(i, int) for i in index):
-        dst[index].copy_(src[index])
-    else:
-        dst.copy_(src)
 
 
 class GraphRunner:
@@ -230,15 +290,16 @@ class GraphRunner:
             return self._call(inputs)
 
     def _call(self, inputs: list[Any]) -> Any:
-        if torch.flagos.is_current_stream_capturing():
+        if _capturing():
             # Inside the caller's own capture the compiled code is captured with the rest of it.
             _count("eager")
             return self.model(inputs)
         recording = self._find(inputs)
         if recording is None:
-            static_idxs = self._static_idxs(inputs)
-            key = _signature(inputs, static_idxs)
-            if key not in self.warmed_up or len(self.recordings) >= self.rerecord_limit:
+            key = _signature(inputs)
+            variants = [r for r in self.recordings if r.signature == key]
+            signatures = len({r.signature for r in self.recordings}) + (not variants)
+            if key not in self.warmed_up or signatures > self.rerecord_limit:
                 # The first call of a signature warms up; past the limit a signature runs without replay.
                 if key in self.warmed_up:
                     self._warn_limit()
@@ -250,6 +311,7 @@ class GraphRunner:
             if key in self.uncapturable:
                 _count("eager")
                 return self.model(inputs)
+            static_idxs = self._static_idxs(inputs)
             pool = self.recordings[-1].graph.pool() if self.recordings else None
             try:
                 recording = _Recording(
@@ -265,7 +327,12 @@ class GraphRunner:
                 )
                 _count("eager")
                 return self.model(inputs)
+            recording.signature = key
             self.recordings.insert(0, recording)
+            if len(variants) >= _STATIC_VARIANTS:
+                # A signature's recordings for other static tensors (say, an earlier call's KV cache, which
+                # Hugging Face makes anew per generate): the least recently used goes with its graph.
+                self.recordings.remove(variants[-1])
             _count("recorded")
         _count("replayed")
         result = recording.run(inputs)
@@ -277,7 +344,7 @@ class GraphRunner:
             self.warned = True
             warnings.warn(
                 f"torch.compile on '{DEVICE_TYPE}': a compiled graph was recorded for "
-                f"{self.rerecord_limit} input signatures (shapes, or a different tensor as a static input); "
+                f"{self.rerecord_limit} input signatures (shapes, strides, dtypes or integer inputs); "
                 "further signatures run without graph replay "
                 "(torch._inductor.config.triton.cudagraph_unexpected_rerecord_limit)",
                 stacklevel=3,
