@@ -75,18 +75,24 @@ fi
 if [ "$mode" = verify-models ]; then
   config=${VERIFY_GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
   echo "== [$SECONDS s] in parallel: Qwen3 0.6B tests (native; training; FlagGems config), test_compile.py"
-  FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
-    --durations=8 "${models[@]}" > "$L/models-native.log" 2>&1 &
-  FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
-    --durations=8 tests/models/test_qwen3_training.py > "$L/models-native-training.log" 2>&1 &
-  # The clean-process test checks the reference, not the route: the native run covers it. The FlagGems
-  # config's training tests in a process of their own: all 23 tests in one took more than 490 s (H100).
-  FLAGOS_BACKEND_CONFIG=$PWD/$config FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q \
-    -p no:cacheprovider -rfE --tb=short --durations=8 -k "not clean_process" "${models[@]}" \
-    > "$L/models-flaggems.log" 2>&1 &
-  FLAGOS_BACKEND_CONFIG=$PWD/$config FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest -q \
-    -p no:cacheprovider -rfE --tb=short --durations=8 -k "not clean_process" tests/models/test_qwen3_training.py \
-    > "$L/models-flaggems-training.log" 2>&1 &
+  # Eight processes: the model tests are host-bound, and in five processes three were cut at 560 s
+  # (H100, 2026-11-27). The entry points (demo, benchmarks) and the clean-process training test are the
+  # long ones (100-300 s each). The clean-process test checks the reference, not the route: the native
+  # run covers it.
+  gems=(env FLAGOS_BACKEND_CONFIG=$PWD/$config)
+  run_models() {  # log, then the command's words (pytest arguments, a leading env for the FlagGems config)
+    local log=$1; shift
+    FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) "$@" -q -p no:cacheprovider -rfE --tb=short --durations=8 \
+      > "$L/$log" 2>&1 &
+  }
+  ep=tests/models/test_qwen3_entry_points.py training=tests/models/test_qwen3_training.py
+  run_models models-native.log python3 -m pytest "${models[@]:0:2}"
+  run_models models-native-entry.log python3 -m pytest $ep
+  run_models models-native-training.log python3 -m pytest $training -k "not clean_process"
+  run_models models-native-clean.log python3 -m pytest $training -k clean_process
+  run_models models-flaggems.log "${gems[@]}" python3 -m pytest "${models[@]:0:2}"
+  run_models models-flaggems-entry.log "${gems[@]}" python3 -m pytest $ep
+  run_models models-flaggems-training.log "${gems[@]}" python3 -m pytest $training -k "not clean_process"
   if [ -n "${VERIFY_MORE_TESTS:-}" ]; then
     timeout $(left 560) python3 -m pytest $VERIFY_MORE_TESTS -q -p no:cacheprovider -rfE --tb=short \
       --durations=5 > "$L/more.log" 2>&1 &
@@ -96,8 +102,10 @@ if [ "$mode" = verify-models ]; then
   wait
   pkill -f _qwen3_clean_process || true
   echo "== [$SECONDS s] done"
-  summary models-native.log; summary models-native-training.log; summary models-flaggems.log
-  summary models-flaggems-training.log; summary compile-cuda.log
+  for log in models-native models-native-entry models-native-training models-native-clean models-flaggems \
+    models-flaggems-entry models-flaggems-training compile-cuda; do
+    summary $log.log
+  done
   [ -n "${VERIFY_MORE_TESTS:-}" ] && summary more.log
   exit 0
 fi
