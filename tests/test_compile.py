@@ -166,6 +166,28 @@ def test_compiled_optimizer_step_matches_eager():
             assert_same(opt.state[p][key], eager_opt.state[p_e][key], 16.0, f"{name} {key}")
 
 
+def test_an_optimizer_compiled_first_keeps_its_state_on_flagos(run_python):
+    """The process's first compile an optimizer step (torch's compiled-optimizer recipe): Dynamo traces it
+    before Inductor's hook would register flagos, so torch_fl registers with Dynamo when Dynamo is imported
+    (a finder that leaves sys.meta_path once it has run)."""
+    code = """
+    import sys
+    import torch, torch_fl
+    from torch_fl._compile import _AfterImport
+    assert "torch._dynamo" not in sys.modules
+    assert any(isinstance(f, _AfterImport) for f in sys.meta_path)
+    model = torch.nn.Linear(4, 4).to("flagos")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4, device="flagos")).sum().backward()
+    torch.compile(opt.step)()
+    assert not any(isinstance(f, _AfterImport) for f in sys.meta_path)
+    assert torch_fl._compile.status()["device_interface"]
+    assert opt.param_groups[0]["capturable"], opt.param_groups[0]
+    assert {v.device.type for s in opt.state.values() for v in s.values()} == {"flagos"}
+    """
+    run_python(code).check()
+
+
 def test_compiled_optimizer_keeps_its_state_on_flagos(run_python):
     """As Dynamo does for cuda parameters: a compiled optimizer's first step makes the param groups of
     flagos parameters capturable, so its state (the step counters too) lives on flagos and the compiled

@@ -55,8 +55,8 @@ except _metadata.PackageNotFoundError:
 torch._register_device_module(_BACKEND_NAME, flagos)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
-# torch.compile: registered lazily, when Inductor first asks torch.flagos for its classes; at once only if
-# torch's compiler is loaded already (torch_fl/_compile/__init__.py).
+# torch.compile: registered lazily, with Dynamo when it is imported and with Inductor when it first asks
+# torch.flagos for its classes; at once only if torch's compiler is loaded already (torch_fl/_compile).
 from torch_fl import _compile  # noqa: E402
 
 _compile.register_if_loaded()

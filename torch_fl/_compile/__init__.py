@@ -205,11 +205,70 @@ def inductor_class(name: str):
 
 def register_if_loaded() -> None:
     """At ``import torch_fl``: registers now what torch's already loaded compiler needs (Inductor's hook may
-    have run before torch_fl existed); registers nothing and imports nothing otherwise."""
+    have run before torch_fl existed); otherwise imports nothing, and registers the device interface when
+    Dynamo is imported (:class:`_AfterImport`): Dynamo traces a whole function before Inductor's hook asks
+    torch.flagos for anything, and what it traces may need flagos's interface (an optimizer's first step
+    asks whether its state can live on the device: ``adapters.capturable_optimizer_state``)."""
     if "torch._inductor.codegen.common" in sys.modules:
         register_inductor()
     elif "torch._dynamo.device_interface" in sys.modules:
         register_device_interface()
+    else:
+        _AfterImport.install("torch._dynamo", _register_after_dynamo)
+
+
+def _register_after_dynamo() -> None:
+    import warnings
+
+    try:
+        register_device_interface()
+    except Exception as error:  # Dynamo's import must not fail for torch_fl; the first compile says more
+        warnings.warn(
+            f"torch_fl could not register the '{DEVICE_TYPE}' device with Dynamo when it was imported "
+            f"({type(error).__name__}: {error}); it registers at the first compile instead",
+            stacklevel=2,
+        )
+
+
+class _AfterImport:
+    """An import-system finder that runs ``callback`` once, right after the module ``name`` has been
+    executed (imported in full). Dynamo has no hook for device backends, and importing it at ``import
+    torch_fl`` would cost about a second; this finder only wraps that one module's loader, finding its spec
+    through the finders after it, and leaves ``sys.meta_path`` at the first import of ``name``."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    @classmethod
+    def install(cls, name: str, callback) -> None:
+        if name in sys.modules or any(isinstance(f, cls) and f.name == name for f in sys.meta_path):
+            return
+        sys.meta_path.insert(0, cls(name, callback))
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+        callback = self.callback
+
+        def exec_then_call(module):
+            exec_module(module)
+            callback()
+
+        loader.exec_module = exec_then_call
+        return spec
 
 
 def status() -> dict:

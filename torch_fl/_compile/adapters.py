@@ -287,8 +287,8 @@ def capturable_optimizer_state(device_type: str) -> list[str]:
     CPU tensors: the compiled step then had C++ kernels of its own (compiled with the host compiler) and
     GPU kernels reading CPU scalars. The wrapper sets the flag, under Dynamo's same conditions, for groups of
     ``device_type`` parameters (torch's optimizers support capturable state on the PrivateUse1 device), then
-    runs Dynamo's own. It is installed with the device interface, so an optimizer traced before torch_fl
-    registered with the compiler (a compiled optimizer step as a process's first compile) keeps CPU steps.
+    runs Dynamo's own. It is installed with the device interface, which torch_fl registers when Dynamo is
+    imported (``_compile._AfterImport``), before anything is traced.
     """
     try:
         from torch._dynamo.variables.optimizer import OptimizerVariable
