@@ -9,6 +9,7 @@ either accelerator.
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -268,6 +269,36 @@ def test_static_address_check_in_cpp_or_python(monkeypatch, native):
     assert not recording.matches([x, w, 3])
     assert not recording.matches([x, w])
     assert bool(calls) == native
+
+
+def test_recordings_capture_on_one_stream_per_thread_and_clear_blas_workspaces(monkeypatch):
+    """Every recording of a thread captures on one side stream per device (not a new one each: cuBLAS keeps
+    a workspace per stream), and clears the BLAS workspaces before and after (as the trees do; a no-op but
+    where flagos is backed by CUDA)."""
+    cleared, streams = [], []
+    monkeypatch.setattr(graph_replay, "_clear_blas_workspaces", lambda: cleared.append(True))
+    real_graph = torch.flagos.graph
+
+    def graph_spy(graph, **kwargs):
+        streams.append(kwargs["stream"])
+        return real_graph(graph, **kwargs)
+
+    monkeypatch.setattr(torch.flagos, "graph", graph_spy)
+
+    def record_two_signatures():
+        for fn in (lambda x: [x + 1], lambda x: [x * 2]):
+            run = runner(fn)
+            for size in (2, 3):
+                for _ in range(2):
+                    run([torch.zeros(size).to(DEVICE)])
+
+    record_two_signatures()
+    assert len(streams) == 4 and all(s == streams[0] for s in streams)
+    assert len(cleared) == 8
+    thread = threading.Thread(target=record_two_signatures)
+    thread.start()
+    thread.join()
+    assert len(streams) == 8 and streams[4] != streams[0] and all(s == streams[4] for s in streams[4:])
 
 
 @pytest.mark.parametrize("constants", [(), (torch.zeros(1),)])

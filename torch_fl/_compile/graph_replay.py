@@ -60,6 +60,32 @@ _ALIGNMENT = 16  # Inductor's kernels assume inputs aligned like this (compile_f
 _native_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _data_ptr = torch.Tensor.data_ptr
 
+_streams = threading.local()  # the capture stream of each device, per thread (as the trees have one per tree)
+
+
+def _capture_stream(device_index: int) -> torch.Stream:
+    """The side stream recordings of this thread capture on for ``device_index``: one, not one per
+    recording (each new stream would get a BLAS workspace of its own, and torch's pool hands out 32)."""
+    streams = getattr(_streams, "by_device", None)
+    if streams is None:
+        streams = _streams.by_device = {}
+    stream = streams.get(device_index)
+    if stream is None:
+        stream = streams[device_index] = torch.flagos.Stream(device=device_index)
+    return stream
+
+
+def _clear_blas_workspaces() -> None:
+    """Before and after a recording, as the trees do (``clear_cublas_manager``), where flagos is backed by
+    CUDA: cuBLAS keeps a workspace per handle and stream for the process's life. One first allocated inside
+    a capture comes from the graph's pool, and would pin that pool's memory after the graph is gone (and be
+    in use in two places once the pool reuses it). Cleared before, the capture allocates the workspace it
+    needs in its pool, as any of its memory; cleared after, nothing but the graph holds it."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None and _C._backing_type() == "cuda":
+        clear()
+
+
 _stats_lock = threading.Lock()
 _stats = {"recorded": 0, "replayed": 0, "eager": 0}
 
@@ -177,13 +203,17 @@ class _Recording:
         self.foreach_copies = [([self.buffers[i] for i in idxs], _taker(idxs)) for idxs in by_device.values()]
         self._copy_in(inputs)
         current = torch.flagos.current_stream()
-        capture_stream = torch.flagos.Stream(device=device_index)
+        capture_stream = _capture_stream(device_index)
         capture_stream.wait_stream(current)
         self.graph = torch.flagos.FlagosGraph()
-        with torch.flagos.graph(
-            self.graph, pool=pool, stream=capture_stream, capture_error_mode="thread_local"
-        ):
-            outputs = model(list(self.buffers))  # Inductor's callables clear the list they are given
+        _clear_blas_workspaces()
+        try:
+            with torch.flagos.graph(
+                self.graph, pool=pool, stream=capture_stream, capture_error_mode="thread_local"
+            ):
+                outputs = model(list(self.buffers))  # Inductor's callables clear the list they are given
+        finally:
+            _clear_blas_workspaces()
         self.output_is_sequence = isinstance(outputs, (list, tuple))
         self.outputs = list(outputs) if self.output_is_sequence else [outputs]
         current.wait_stream(capture_stream)
