@@ -381,6 +381,51 @@ def test_second_device(two_devices_only):
     assert_same(out, _on_device(x, w), 8.0)
 
 
+def _buffers(x, w):
+    h = (x @ w).softmax(-1)  # the matmul's output and the softmax's are buffers of the graph
+    return (h @ w).relu() + h.sum(0)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_buffers_are_allocated_through_torch_fl(index, device_count):
+    """The wrapper allocates flagos buffers with ``empty_strided_flagos`` (torch_fl._C._empty_strided, as
+    cuda's with torch's C++ empty_strided_cuda), on the graph's device by index, not with
+    ``torch.empty_strided(..., device='flagos')``; the results are eager's."""
+    from torch._inductor.utils import run_and_get_code
+
+    if index >= device_count:
+        pytest.skip("needs a second flagos device")
+    torch._dynamo.reset()  # a graph compiled for the other index would be reused from Dynamo's cache
+    x, w = rand(8, 16, seed=4).to(f"flagos:{index}"), rand(16, 16, seed=5).to(f"flagos:{index}")
+    out, codes = run_and_get_code(torch.compile(_buffers), x, w)
+    code = "\n".join(codes)
+    assert f"empty_strided_flagos((8, 16), (16, 1), torch.float32, {index})" in code, code
+    assert " = empty_strided(" not in code, code  # the generic allocation (the benchmark harness aside)
+    assert out.device == torch.device(f"flagos:{index}")
+    assert_same(out, _buffers(x, w), 8.0)
+
+
+def test_fast_allocation_helper():
+    """torch_fl._C._empty_strided: a flagos tensor of the size, strides and dtype asked, on the device by
+    index (-1: the current one); clear errors for a wrong dtype or sizes that do not match the strides."""
+    t = torch_fl._C._empty_strided((2, 3), (1, 2), torch.bfloat16, 0)
+    assert (t.device, t.shape, t.stride(), t.dtype) == (
+        torch.device("flagos:0"),
+        torch.Size([2, 3]),
+        (1, 2),
+        torch.bfloat16,
+    )
+    assert torch_fl._C._empty_strided((), (), torch.int64).device == torch.device("flagos", 0)
+    with pytest.raises(TypeError, match="torch.dtype"):
+        torch_fl._C._empty_strided((2,), (1,), "float32", 0)
+    with pytest.raises(TypeError, match="size must be ints"):
+        torch_fl._C._empty_strided((2.0,), (1,), torch.float32, 0)
+    with pytest.raises(OverflowError):
+        torch_fl._C._empty_strided((2**70,), (1,), torch.float32, 0)
+    with pytest.raises(RuntimeError, match="2 sizes but 1 strides"):
+        torch_fl._C._empty_strided((2, 3), (1,), torch.float32, 0)
+
+
 def test_side_stream():
     compiled = torch.compile(_on_device)
     x, w = rand(4, 8, seed=2), rand(8, 8, seed=3)

@@ -11,6 +11,10 @@ void bind_routing(pybind11::module_& m);
 // csrc/python/graphs.cpp: torch.flagos's graph API.
 void bind_graphs(pybind11::module_& m);
 
+// csrc/python/compiled_code.cpp: what the code Inductor generates for flagos graphs calls (buffer
+// allocation).
+void bind_compiled_code(pybind11::module_& m);
+
 // csrc/python/compat_calls.cpp: torch_fl.compat's device translation and translating call wrapper.
 void bind_compat_calls(pybind11::module_& m);
 

@@ -227,6 +227,7 @@ PYBIND11_MODULE(_C, m) {
 
   flagos::python::bind_routing(m);
   flagos::python::bind_graphs(m);
+  flagos::python::bind_compiled_code(m);
   flagos::python::bind_memory_history(m);
   flagos::python::bind_compat_calls(m);
   flagos::python::install_python_route();

@@ -24,6 +24,8 @@ from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
 from torch_fl._compile import (
+    EMPTY_STRIDED_IMPORT,
+    FastAllocations,
     register_backend,
     register_graph_replay,
     unsupported_cpp_wrapper,
@@ -41,12 +43,17 @@ except ImportError:  # pragma: no cover
     WrapperFxCodegen = None
 
 
-class BackedWrapperCodegen(PythonWrapperCodegen):
-    """CUDA's Python wrapper; says once when CUDA graphs were asked for and cannot be replayed."""
+class BackedWrapperCodegen(FastAllocations, PythonWrapperCodegen):
+    """CUDA's Python wrapper, allocating flagos buffers through torch_fl's C++ helper as it allocates cuda
+    buffers through torch's; says once when CUDA graphs were asked for and cannot be replayed."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         warn_if_cudagraphs_requested("CUDA")
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(EMPTY_STRIDED_IMPORT)
 
     @staticmethod
     def create(is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):

@@ -12,7 +12,7 @@ is in the wrapper code (:class:`HostKernelWrapperCodegen`):
   While that stream is captured (``torch.flagos.graph``) the call is recorded into the graph instead, so a
   compiled function can be captured and replayed as eager operators are;
 - buffers are allocated on the graph's device by index (Inductor emits a device guard only for GPU types,
-  so ``device='flagos'`` alone would mean the current device).
+  so the current device could be another), through ``torch_fl._C._empty_strided`` (``FastAllocations``).
 
 Inductor takes the device for a GPU unless told otherwise; ``adapters.classify_as_cpu`` makes it classify
 flagos like the CPU, whose kernels these are. ``mode="reduce-overhead"`` replays flagos graphs as when
@@ -29,6 +29,8 @@ from torch._inductor.virtualized import V
 
 from torch_fl._compile import (
     DEVICE_TYPE,
+    EMPTY_STRIDED_IMPORT,
+    FastAllocations,
     register_backend,
     register_graph_replay,
     unsupported_cpp_wrapper,
@@ -78,18 +80,12 @@ class _HostKernelCalls:
             if not self._emit_host_kernel_call(kernel_name, call_args, device, triton):
                 super().generate_kernel_call(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
-    def make_allocation(self, name, device, *args, **kwargs):
-        line = super().make_allocation(name, device, *args, **kwargs)
-        if isinstance(line, str) and device.type == DEVICE_TYPE and device.index is not None:
-            line = line.replace(f"device='{DEVICE_TYPE}'", f"device='{DEVICE_TYPE}:{device.index}'", 1)
-        return line
 
-
-class HostKernelSubgraphWrapperCodegen(_HostKernelCalls, SubgraphPythonWrapperCodegen):
+class HostKernelSubgraphWrapperCodegen(_HostKernelCalls, FastAllocations, SubgraphPythonWrapperCodegen):
     pass
 
 
-class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
+class HostKernelWrapperCodegen(_HostKernelCalls, FastAllocations, PythonWrapperCodegen):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         warn_if_cudagraphs_requested("the simulated accelerator")
@@ -103,6 +99,7 @@ class HostKernelWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline(_RUN_IMPORT)
+        self.imports.writeline(EMPTY_STRIDED_IMPORT)
 
 
 def register(device_type: str) -> tuple[dict[str, object], list[str]]:
