@@ -174,6 +174,9 @@ def test_an_optimizer_compiled_first_keeps_its_state_on_flagos(run_python):
     import sys
     import torch, torch_fl
     from torch_fl._compile import _AfterImport
+    import importlib.util
+    assert "torch._dynamo" not in sys.modules
+    assert importlib.util.find_spec("torch._dynamo") is not None  # a lookup, as libraries make: no import
     assert "torch._dynamo" not in sys.modules
     assert any(isinstance(f, _AfterImport) for f in sys.meta_path)
     model = torch.nn.Linear(4, 4).to("flagos")

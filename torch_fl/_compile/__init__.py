@@ -266,8 +266,9 @@ def _register_after_dynamo() -> None:
 class _AfterImport:
     """An import-system finder that runs ``callback`` once, right after the module ``name`` has been
     executed (imported in full). Dynamo has no hook for device backends, and importing it at ``import
-    torch_fl`` would cost about a second; this finder only wraps that one module's loader, finding its spec
-    through the finders after it, and leaves ``sys.meta_path`` at the first import of ``name``."""
+    torch_fl`` would cost about a second; this finder only wraps that one module's loader (the spec comes
+    from the finders after it) and leaves ``sys.meta_path`` once the module has run. A lookup that does not
+    import (``importlib.util.find_spec``) leaves it in place for the real import."""
 
     def __init__(self, name: str, callback):
         self.name, self.callback = name, callback
@@ -281,11 +282,11 @@ class _AfterImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
             if spec is not None:
                 break
         else:
@@ -294,11 +295,12 @@ class _AfterImport:
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module = loader.exec_module
-        callback = self.callback
 
         def exec_then_call(module):
             exec_module(module)
-            callback()
+            if self in sys.meta_path:  # once: the module has run
+                sys.meta_path.remove(self)
+                self.callback()
 
         loader.exec_module = exec_then_call
         return spec
