@@ -116,10 +116,10 @@ _GENERIC_ALLOCATION = re.compile(
 class FastAllocations:
     """Wrapper-code mixin (before Inductor's wrapper class in the bases): a flagos buffer is allocated by
     ``empty_strided_flagos(size, stride, dtype, device_index)`` instead of ``torch.empty_strided(size, stride,
-    device='flagos', dtype=...)``, which Inductor writes for devices it has no C++ helper for: about 1.5 us
-    less a buffer, and a graph allocates hundreds per call; the device's index is explicit (C++ kernels on a
-    HAL accelerator run without a device guard). A line of another form (memory tracking, a torch that
-    writes allocations differently) is left as it is."""
+    device='flagos', dtype=...)``, which Inductor writes for devices it has no C++ helper for: about 1.2 us
+    less a buffer on the simulated accelerator, and a graph allocates hundreds per call. The device's index
+    is explicit (C++ kernels on a HAL accelerator run without a device guard). A line of another form
+    (memory tracking, a torch that writes allocations differently) is left as it is."""
 
     def make_allocation(self, name, device, *args, **kwargs):
         line = super().make_allocation(name, device, *args, **kwargs)
