@@ -108,15 +108,6 @@ def is_flagos_graph(inputs: Sequence[Any], constants: Sequence[Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE for t in (*inputs, *constants))
 
 
-def _capturing() -> bool:
-    """``torch.flagos.is_current_stream_capturing()`` without the ``Stream`` object it builds (a few us per
-    call, and every call asks)."""
-    if not _C._is_initialized():
-        return False
-    stream_id, device_index, _ = _C._get_current_stream(-1)  # -1: the current device
-    return _C._is_stream_capturing(stream_id, device_index)
-
-
 def _taker(idxs: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
     """``lambda xs: tuple(xs[i] for i in idxs)`` in one C call (``itemgetter`` of one index returns the item
     itself, of none fails)."""
@@ -320,7 +311,7 @@ class GraphRunner:
             return self._call(inputs)
 
     def _call(self, inputs: list[Any]) -> Any:
-        if _capturing():
+        if torch.flagos.is_current_stream_capturing():
             # Inside the caller's own capture the compiled code is captured with the rest of it.
             _count("eager")
             return self.model(inputs)

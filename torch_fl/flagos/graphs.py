@@ -32,8 +32,10 @@ def is_current_stream_capturing() -> bool:
     """True while the current flagos stream of the current device is capturing a graph."""
     if not _C._is_initialized():
         return False
-    stream = torch.flagos.current_stream()
-    return _C._is_stream_capturing(stream.stream_id, stream.device_index)
+    # The stream's id and device, without the Stream object current_stream() builds (a few us; compiled
+    # code replayed as graphs asks on every call).
+    stream_id, device_index, _ = _C._get_current_stream(-1)  # -1: the current device
+    return _C._is_stream_capturing(stream_id, device_index)
 
 
 class FlagosGraph(_C._FlagosGraph):
