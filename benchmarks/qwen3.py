@@ -25,7 +25,8 @@ call of each, compilation included, with empty Inductor and Triton caches on eac
 starts with empty caches and flagos runs first; the reference's first prefill and decode run in a fresh
 process of their own before (in this one it would find flagos's kernels compiled: the same Triton or C++
 source), in the same order; compiled training runs in a fresh process per device (the reference's never
-imports torch_fl), whose first step is its first call. First calls are reported for the first config only.
+imports torch_fl), whose first step is its first call, and which times at least 20 steps (no pairs there).
+First calls are reported for the first config only.
 Inductor has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's
 compiled prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which
 Qwen3's graphs do not have.
@@ -200,11 +201,12 @@ class Workload:
     def train_elsewhere(self, repeats: int, config_file: str, saved: str | None) -> tuple[float, list[float]]:
         """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
         does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
-        own. One warm-up step (two compiled), then ``repeats``: returns the first step's seconds
-        (compilation included) and the timed steps'. With ``saved`` (a folder), a result of the same
+        own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
+        step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of the same
         settings saved there by an earlier run is taken instead, and a new one is saved."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
+        repeats = max(repeats, _STEPS_ELSEWHERE)
         key = dict(
             device=self.device,
             spec={k: str(v) for k, v in self.spec.items()},
@@ -244,6 +246,13 @@ class Workload:
             with open(path, "w") as f:
                 json.dump(dict(key, first=times[0], times=times[warmup:], when=time.strftime("%F %T")), f)
         return times[0], times[warmup:]
+
+
+# Timed steps of a training run in a process of its own, at the least. Its first step costs far more (at the
+# 0.6b shape, compiling takes minutes; the process starts in 10-30 s), and runs in separate processes give no
+# pairs: only many steps of each make the medians steady (on the H200, 3 steps of each spread 37-48 ms for
+# cuda, 54-64 ms for flagos).
+_STEPS_ELSEWHERE = 20
 
 
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
