@@ -4,10 +4,13 @@
 #   scripts/gpu/all.sh verify   # ~9 minutes: build, HAL suite, pytest suite on the cuda accelerator but
 #                               # tests/test_compile.py, FlagGems GPU tests, model-shape sweep of the
 #                               # shipped FlagGems config
-#   scripts/gpu/all.sh verify-models  # ~9 minutes: Qwen3 0.6B tests (native route, training, FlagGems
-#                               # config) and tests/test_compile.py on the cuda accelerator
-#                               # (VERIFY_MORE_TESTS: more test files, in a process of their own). verify and
-#                               # verify-models together: the whole suite on the GPU
+#   scripts/gpu/all.sh verify-models  # ~8 minutes: Qwen3 0.6B tests (inference, checkpoints, training;
+#                               # native route and FlagGems config) and tests/test_compile.py on the cuda
+#                               # accelerator (VERIFY_MORE_TESTS: more test files, in a process of their own)
+#   scripts/gpu/all.sh verify-entry   # ~8 minutes: Qwen3 0.6B entry points (demo, benchmarks; both configs),
+#                               # the clean-process training test, tests/models/test_qwen3_compile.py
+#                               # (VERIFY_MORE_TESTS as above). verify, verify-models and verify-entry: the
+#                               # whole suite on one GPU (tests/distributed's GPU tests: multi-gpu)
 #   scripts/gpu/all.sh bench    # ~6 minutes: op overhead, copies, Qwen3 (both configs), FlagGems overhead
 #   scripts/gpu/all.sh compile  # torch.compile (docs/compile.md): tests/test_compile.py on the cuda
 #                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
@@ -28,8 +31,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mode=${1:-}
-[[ "$mode" =~ ^(verify|verify-models|bench|compile|compile-bench|compile-time|multi-gpu)$ ]] || {
-  echo "usage: scripts/gpu/all.sh verify|verify-models|bench|compile|compile-bench|compile-time|multi-gpu" >&2
+[[ "$mode" =~ ^(verify|verify-models|verify-entry|bench|compile|compile-bench|compile-time|multi-gpu)$ ]] || {
+  echo "usage: scripts/gpu/all.sh verify|verify-models|verify-entry|bench|compile|compile-bench|compile-time|multi-gpu" >&2
   exit 2
 }
 export PYTHONUNBUFFERED=1
@@ -72,41 +75,48 @@ if [ "$mode" = verify ]; then
   exit 0
 fi
 
-if [ "$mode" = verify-models ]; then
+if [ "$mode" = verify-models ] || [ "$mode" = verify-entry ]; then
   config=${VERIFY_GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
-  echo "== [$SECONDS s] in parallel: Qwen3 0.6B tests (native; training; FlagGems config), test_compile.py"
-  # Eight processes: the model tests are host-bound, and in five processes three were cut at 560 s
-  # (H100, 2026-11-27). The entry points (demo, benchmarks) and the clean-process training test are the
-  # long ones (100-300 s each). The clean-process test checks the reference, not the route: the native
-  # run covers it.
+  # Two calls: in one (eight processes) the entry points and the clean-process test were cut at 560 s on
+  # the H100 and on the H200 (2026-11-27). The model tests are host-bound; the entry points (demo,
+  # benchmarks) and the clean-process training test are the long ones (100-350 s each). The clean-process
+  # test checks the reference, not the route: the native run covers it.
   gems=(env FLAGOS_BACKEND_CONFIG=$PWD/$config)
+  logs=()
   run_models() {  # log, then the command's words (pytest arguments, a leading env for the FlagGems config)
     local log=$1; shift
+    logs+=("$log")
     FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) "$@" -q -p no:cacheprovider -rfE --tb=short --durations=8 \
-      > "$L/$log" 2>&1 &
+      > "$L/$log.log" 2>&1 &
   }
   ep=tests/models/test_qwen3_entry_points.py training=tests/models/test_qwen3_training.py
-  run_models models-native.log python3 -m pytest "${models[@]:0:2}"
-  run_models models-native-entry.log python3 -m pytest $ep
-  run_models models-native-training.log python3 -m pytest $training -k "not clean_process"
-  run_models models-native-clean.log python3 -m pytest $training -k clean_process
-  run_models models-flaggems.log "${gems[@]}" python3 -m pytest "${models[@]:0:2}"
-  run_models models-flaggems-entry.log "${gems[@]}" python3 -m pytest $ep
-  run_models models-flaggems-training.log "${gems[@]}" python3 -m pytest $training -k "not clean_process"
+  if [ "$mode" = verify-models ]; then
+    echo "== [$SECONDS s] in parallel: Qwen3 0.6B tests (native; training; FlagGems config), test_compile.py"
+    run_models models-native python3 -m pytest "${models[@]:0:2}"
+    run_models models-native-training python3 -m pytest $training -k "not clean_process"
+    run_models models-flaggems "${gems[@]}" python3 -m pytest "${models[@]:0:2}"
+    run_models models-flaggems-training "${gems[@]}" python3 -m pytest $training -k "not clean_process"
+    logs+=(compile-cuda)
+    timeout $(left 560) python3 -m pytest tests/test_compile.py -q -p no:cacheprovider -rfE --tb=short \
+      --durations=10 > "$L/compile-cuda.log" 2>&1 &
+  else
+    echo "== [$SECONDS s] in parallel: Qwen3 0.6B entry points (both configs), clean-process training, compiled"
+    run_models models-native-entry python3 -m pytest $ep
+    run_models models-native-clean python3 -m pytest $training -k clean_process
+    run_models models-flaggems-entry "${gems[@]}" python3 -m pytest $ep
+    run_models models-compiled python3 -m pytest tests/models/test_qwen3_compile.py
+  fi
   if [ -n "${VERIFY_MORE_TESTS:-}" ]; then
+    logs+=(more)
     timeout $(left 560) python3 -m pytest $VERIFY_MORE_TESTS -q -p no:cacheprovider -rfE --tb=short \
       --durations=5 > "$L/more.log" 2>&1 &
   fi
-  timeout $(left 560) python3 -m pytest tests/test_compile.py -q -p no:cacheprovider -rfE --tb=short \
-    --durations=10 > "$L/compile-cuda.log" 2>&1
   wait
   pkill -f _qwen3_clean_process || true
   echo "== [$SECONDS s] done"
-  for log in models-native models-native-entry models-native-training models-native-clean models-flaggems \
-    models-flaggems-entry models-flaggems-training compile-cuda; do
+  for log in "${logs[@]}"; do
     summary $log.log
   done
-  [ -n "${VERIFY_MORE_TESTS:-}" ] && summary more.log
   exit 0
 fi
 
