@@ -11,6 +11,13 @@ takes the process's one-time costs). The native device
 is CUDA where flagos is backed by it (its process never imports torch_fl: a CUDA backward cannot run beside
 it), else the CPU. Each device's processes alternate, flagos first. benchmarks/qwen3.py ``--compile``
 reports the same first calls without the breakdown (target: flagos <= 1.2x the native device's).
+
+``--steps N`` (``train`` only): after the first call, N more steps in the same process: the median step with
+the device synchronised around each, the host's time per step without (the time until the call returns),
+and, with ``--host-top K``, the K ops whose self CPU time per step (``torch.profiler``, two steps) flagos
+exceeds the native device's most. A short model (``--layers``) compiles in a minute; where the whole
+model's compiled step is slower on flagos (benchmarks/qwen3.py ``--compile``), this says whether a few
+layers show it too and in which host calls.
 """
 
 from __future__ import annotations
@@ -37,10 +44,16 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per device")
     p.add_argument("--top", type=int, default=25, help="phases listed, largest difference first")
     p.add_argument("--timeout", type=float, default=900, help="seconds for each process")
+    p.add_argument("--steps", type=int, default=0, help="train: timed steps after the first call")
+    p.add_argument("--host-top", type=int, default=15, help="with --steps: host calls listed (0: no profile)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON request: one device's measurement
     args = p.parse_args(argv)
     if args.repeats < 1 or args.length < 1 or (args.layers is not None and args.layers < 1):
         p.error("--repeats, --length and --layers must be at least 1")
+    if args.steps < 0 or args.host_top < 0:
+        p.error("--steps and --host-top cannot be negative")
+    if args.steps and args.part != "train":
+        p.error("--steps times training steps: it needs --part train")
     return args
 
 
@@ -64,7 +77,10 @@ def measure(request: dict) -> dict:
     batch = 2 if request["part"] == "train" else 1
     ids = torch.randint(0, master.config.vocab_size, (batch, request["length"]))
     # The first calls benchmarks/qwen3.py --compile times, measured the same way.
-    if request["part"] == "train":
+    steady = {}
+    if request["part"] == "train" and request.get("steps"):
+        first, steady = _train_steps(qwen3, master, device, ids, request["steps"], request["host_top"] > 0)
+    elif request["part"] == "train":
         first = qwen3.time_train_steps(master, device, ids, repeats=0, compile=True)[0]
     else:
         first = qwen3.time_first_calls(master, device, ["prefill"], ids, ids, 1, None)["prefill"]
@@ -79,7 +95,49 @@ def measure(request: dict) -> dict:
         graph_breaks=sum(dynamo_utils.counters["graph_break"].values()),
         compile_threads=get_compile_threads(),
         imported_torch_fl="torch_fl" in sys.modules,
+        **steady,
     )
+
+
+def _train_steps(qwen3, master, device: str, ids, steps: int, profile: bool) -> tuple[float, dict]:
+    """The first compiled training step's seconds, then ``steps`` more: their seconds (synchronised around
+    each), the host's seconds per step over ``steps`` unsynchronised ones, and with ``profile`` the self
+    CPU microseconds per step of each op name over two profiled steps."""
+    import time
+
+    import torch
+
+    model = qwen3.copy_to(master, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    ids = ids.to(device)
+    step = qwen3.compiled_train_step(model, optimizer)
+
+    def timed(n: int, sync_each: bool) -> list[float]:
+        times = []
+        qwen3.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            step(ids)
+            if sync_each:
+                qwen3.synchronize(device)
+                times.append(time.perf_counter() - start)
+                start = time.perf_counter()
+        if not sync_each:
+            times.append((time.perf_counter() - start) / n)
+            qwen3.synchronize(device)
+        return times
+
+    first = timed(1, True)[0]
+    timed(2, True)  # the optimizer's state exists from the first step on; one more warms the caches
+    result = dict(steps=timed(steps, True), host_per_step=timed(steps, False)[0])
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiled
+
+        with profiled(activities=[ProfilerActivity.CPU]) as prof:
+            timed(2, False)
+        result["host_ops"] = {e.key: e.self_cpu_time_total / 2 for e in prof.key_averages()}
+    return first, result
 
 
 def run_child(request: dict, timeout: float) -> dict:
@@ -118,7 +176,15 @@ def main(argv=None) -> int:
     runs = collections.defaultdict(list)
     for _ in range(args.repeats):
         for device in ("flagos", native):
-            request = dict(device=device, part=args.part, shape=shape, length=args.length, layers=args.layers)
+            request = dict(
+                device=device,
+                part=args.part,
+                shape=shape,
+                length=args.length,
+                layers=args.layers,
+                steps=args.steps,
+                host_top=args.host_top,
+            )
             runs[device].append(run_child(request, args.timeout))
             print(f".. {device}: first call {runs[device][-1]['first']:.1f} s", flush=True)
     if any(r["imported_torch_fl"] for r in runs[native]):
@@ -155,6 +221,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|")
     for name, n, f in rows[: args.top]:
         print(f"| {name} | {n:.3f} | {f:.3f} | {f - n:+.3f} |")
+    if args.steps:
+        _report_steps(runs, native, args.host_top)
     counters = sorted(set(runs["flagos"][0]["inductor"]) | set(runs[native][0]["inductor"]))
     print("\n## Inductor's counters (first process of each)")
     print(f"| counter | {native} | flagos |")
@@ -164,6 +232,37 @@ def main(argv=None) -> int:
         if n != f:
             print(f"| {name} | {n} | {f} |")
     return 0
+
+
+def _report_steps(runs: dict, native: str, top: int) -> None:
+    """Steady-state steps after the first call: medians over every process of a device."""
+
+    def pooled(device: str, key: str) -> list[float]:
+        return [t for r in runs[device] for t in (r[key] if isinstance(r[key], list) else [r[key]])]
+
+    print("\n## Compiled training steps after the first (ms)")
+    print(f"| | {native} | flagos | flagos / {native} |")
+    print("|---|---|---|---|")
+    for label, key in (("step, synchronised", "steps"), ("host time per step", "host_per_step")):
+        n, f = statistics.median(pooled(native, key)), statistics.median(pooled("flagos", key))
+        spread = f"{min(pooled(native, key)) * 1e3:.2f}-{max(pooled(native, key)) * 1e3:.2f}"
+        print(f"| {label} ({native} range {spread}) | {n * 1e3:.2f} | {f * 1e3:.2f} | **{f / n:.2f}** |")
+    if not top:
+        return
+    ops = set(runs["flagos"][0]["host_ops"]) | set(runs[native][0]["host_ops"])
+    rows = [
+        (name, runs[native][0]["host_ops"].get(name, 0.0), runs["flagos"][0]["host_ops"].get(name, 0.0))
+        for name in ops
+    ]
+    rows.sort(key=lambda row: -(row[2] - row[1]))
+    total_n = sum(runs[native][0]["host_ops"].values())
+    total_f = sum(runs["flagos"][0]["host_ops"].values())
+    print(f"\n## Self CPU time per step (us, first process of each), flagos's excess first (top {top})")
+    print(f"profiled total: {native} {total_n:.0f}, flagos {total_f:.0f} (the profiler's own cost included)")
+    print(f"| host call | {native} | flagos | flagos - {native} |")
+    print("|---|---|---|---|")
+    for name, n, f in rows[:top]:
+        print(f"| {name[:90]} | {n:.1f} | {f:.1f} | {f - n:+.1f} |")
 
 
 if __name__ == "__main__":

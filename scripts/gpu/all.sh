@@ -144,8 +144,9 @@ if [ "$mode" = compile-bench ]; then
 fi
 if [ "$mode" = compile-time ]; then
   echo "== [$SECONDS s] first compiled calls, flagos against cuda, fresh processes, empty caches"
-  timeout $(left 330) python3 benchmarks/compile_time.py --part train --layers 4 --length 512 2>&1 | grep -v USDT \
-    | tee "$L/compile-time-train.log" | tail -45
+  timeout $(left 330) python3 benchmarks/compile_time.py --part train --layers 4 --length 512 --steps 20 \
+    2>&1 | grep -v USDT \
+    | tee "$L/compile-time-train.log" | tail -70
   timeout $(left 580) python3 benchmarks/compile_time.py --part prefill --length 512 2>&1 | grep -v USDT \
     | tee "$L/compile-time-prefill.log" | tail -45
   echo "== [$SECONDS s] done"

@@ -225,6 +225,29 @@ def test_compile_time_benchmark(run_python, qwen3):
     assert len(rows) == 5 and all(row.fullmatch(line) for line in rows), out
 
 
+def test_compile_time_benchmark_steps(run_python, qwen3):
+    """benchmarks/compile_time.py --steps: after the first compiled training step, steady steps on each
+    device (synchronised, and the host's time per step) and the host calls flagos spends most over."""
+    args = [os.path.join(REPO, "benchmarks", "compile_time.py"), "--part", "train", "--shape", qwen3.shape]
+    args += ["--layers", "1", "--length", "8", "--top", "1", "--steps", "3", "--host-top", "3"]
+    result = run_python("", args=args, timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    steps = out.split("## Compiled training steps after the first (ms)")[1].split("\n## ")[0]
+    rows = re.findall(
+        r"\| (step, synchronised|host time per step) \(\w+ range [\d.]+-[\d.]+\) \| ([\d.]+) \| "
+        r"([\d.]+) \| \*\*([\d.]+)\*\* \|",
+        steps,
+    )
+    assert [r[0] for r in rows] == ["step, synchronised", "host time per step"], out
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), out
+    host = out.split("flagos's excess first (top 3)")[1].split("\n## ")[0]
+    excess = [float(m) for m in re.findall(r"^\| .+ \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+) \|$", host, re.M)]
+    assert len(excess) == 3 and excess == sorted(excess, reverse=True), out
+    bad = run_python("", args=[args[0], "--part", "prefill", "--steps", "2"], timeout=TIMEOUT_S)
+    assert bad.returncode != 0 and "--steps times training steps" in bad.stderr, repr(bad)
+
+
 def test_graph_benchmark_parity_rule():
     """benchmarks/qwen3.py --graphs: two runs that should agree may part only at a near tie of the first
     run's step (a note); parting anywhere else is a failure."""
