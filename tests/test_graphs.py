@@ -282,6 +282,36 @@ def test_tensor_freed_during_capture():
     assert torch.flagos.memory_allocated() == before
 
 
+def test_captured_compiled_function_holds_no_pool_memory():
+    """A compiled function captured (on the simulated accelerator its C++ kernels' calls are recorded):
+    freeing a result returns its block to the graph's pool, as for captured operators and on CUDA; a kept
+    result is rewritten by each replay."""
+    torch._dynamo.reset()
+    x = torch.arange(1024.0, device=DEV)
+    f = torch.compile(lambda x: [(x * 2).sin() + 1, x.cos() * 3])
+    side = torch.flagos.Stream()
+    with torch.flagos.stream(side):
+        for _ in range(2):
+            f(x)
+    torch.flagos.synchronize()
+    warm_capture()
+    before = torch.flagos.memory_allocated()
+    g, (kept, freed) = capture(lambda: f(x))
+    captured = torch.flagos.memory_allocated()
+    assert captured - before >= 2 * 1024 * 4
+    freed_bytes = freed.untyped_storage().nbytes()
+    del freed
+    assert torch.flagos.memory_allocated() == captured - freed_bytes
+    x.copy_(torch.ones(1024))
+    g.replay()
+    torch.testing.assert_close(kept.cpu(), torch.full((1024,), 2.0).sin() + 1)
+    del kept
+    g.reset()
+    del g
+    gc.collect()
+    assert torch.flagos.memory_allocated() == before
+
+
 def test_graph_memory_comes_from_its_pool_and_is_released():
     x = torch.ones(1024, device=DEV)
     warm_capture()

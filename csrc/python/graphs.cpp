@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "ops/routes/graph_capture.h"
 #include "python/bindings.h"
 #include "runtime/graph.h"
 #include "runtime/stream.h"
@@ -79,6 +81,19 @@ class RecordedPythonCall {
   py::tuple args_;
 };
 
+// The arguments of a recorded kernel call, its tensors in the form the ops layer records them in
+// (ops::RecordedTensors): a buffer of the graph's pool is not held by the recording, so freeing it returns
+// its block to the pool, as on CUDA, and as for the operators a capture records.
+py::tuple recorded_arguments(const runtime::capture::Recording& recording, const py::args& args) {
+  ops::RecordedTensors recorded(recording);
+  py::tuple out(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* arg = args[i].ptr();
+    out[i] = THPVariable_Check(arg) ? py::cast(recorded(THPVariable_Unpack(arg))) : args[i];
+  }
+  return out;
+}
+
 // torch.compile's C++ kernels on a HAL accelerator (torch_fl/_compile/host_kernels.py) are called through
 // this: they read and write flagos memory on this thread, so they first wait for the work queued on the
 // device's current stream, as the native route's host kernels do (ops/routes/native_call.cpp). While that
@@ -91,7 +106,7 @@ void run_host_kernel(int device, const py::object& kernel, const py::args& args)
   if (runtime::capture::underway()) {
     if (runtime::capture::Recording* recording = runtime::capture::recording_for(stream)) {
       const std::string name = py::str(py::getattr(kernel, "__name__", py::str("kernel")));
-      auto call = std::make_shared<const RecordedPythonCall>(kernel, py::tuple(args));
+      auto call = std::make_shared<const RecordedPythonCall>(kernel, recorded_arguments(*recording, args));
       recording->record("torch.compile kernel " + name, [call, index] {
         runtime::synchronize_stream(runtime::current_stream(index));
         call->run();

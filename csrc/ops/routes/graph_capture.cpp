@@ -69,34 +69,6 @@ bool is_tensor_type(const c10::TypePtr& type) {
          t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
-// The recorded form of a capture's tensors: the graph's pool memory viewed without a reference (the pool
-// keeps it until the graph is reset, and a tensor the user frees during capture returns its block to the
-// pool, as on CUDA); other memory (inputs allocated before the capture, pinned host buffers) referenced, so
-// that replay never reads memory the allocator has given back. Views of one storage share one storage.
-class RecordedTensors {
- public:
-  explicit RecordedTensors(const Recording& recording) : recording_(recording) {}
-
-  at::Tensor operator()(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kFlagos || !t.has_storage()) return t;
-    const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    auto it = storages_.find(key);
-    if (it == storages_.end()) {
-      const c10::Storage& s = t.storage();
-      if (s.data() == nullptr || !recording_.in_pool(s.data())) return t;
-      c10::Storage view(c10::Storage::use_byte_size_t(), s.nbytes(),
-                        c10::DataPtr(const_cast<void*>(s.data()), s.device()), /*allocator=*/nullptr,
-                        /*resizable=*/false);
-      it = storages_.emplace(key, std::move(view)).first;
-    }
-    return tensor_over(it->second, kFlagos, t);
-  }
-
- private:
-  const Recording& recording_;
-  ska::flat_hash_map<const c10::StorageImpl*, c10::Storage> storages_;
-};
-
 // The meta form of a call's arguments: what sizes its results.
 c10::IValue meta_of(const c10::IValue& v) {
   if (v.isGenerator()) return c10::IValue();  // meta kernels draw nothing
@@ -121,6 +93,23 @@ std::optional<size_t> written_argument(const c10::FunctionSchema& schema, const 
 }
 
 }  // namespace
+
+RecordedTensors::RecordedTensors(const Recording& recording) : recording_(recording) {}
+
+at::Tensor RecordedTensors::operator()(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kFlagos || !t.has_storage()) return t;
+  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  auto it = storages_.find(key);
+  if (it == storages_.end()) {
+    const c10::Storage& s = t.storage();
+    if (s.data() == nullptr || !recording_.in_pool(s.data())) return t;
+    c10::Storage view(c10::Storage::use_byte_size_t(), s.nbytes(),
+                      c10::DataPtr(const_cast<void*>(s.data()), s.device()), /*allocator=*/nullptr,
+                      /*resizable=*/false);
+    it = storages_.emplace(key, std::move(view)).first;
+  }
+  return tensor_over(it->second, kFlagos, t);
+}
 
 void refuse_capture(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const char* why) {
   const size_t num_args = op.schema().arguments().size();

@@ -10,8 +10,29 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/Storage.h>
+#include <c10/util/flat_hash_map.h>
+
+namespace flagos::runtime::capture {
+class Recording;
+}  // namespace flagos::runtime::capture
 
 namespace flagos::ops {
+
+// The form a capture records a tensor in: the graph's pool memory viewed without a reference (the pool
+// keeps it until the graph is reset, and a tensor the user frees during or after the capture returns its
+// block to the pool, as on CUDA); other memory (inputs allocated before the capture, pinned host buffers)
+// referenced, so that replay never reads memory the allocator has given back. One object per recorded
+// call: views of one storage share one storage.
+class RecordedTensors {
+ public:
+  explicit RecordedTensors(const runtime::capture::Recording& recording);
+  at::Tensor operator()(const at::Tensor& t);
+
+ private:
+  const runtime::capture::Recording& recording_;
+  ska::flat_hash_map<const c10::StorageImpl*, c10::Storage> storages_;
+};
 
 // For PrivateUse1 kernels that run device work, when runtime::capture::underway(): true when the call
 // was captured (its results are on `stack`), false when it should run as usual (not issued to a capturing
