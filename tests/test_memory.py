@@ -141,18 +141,21 @@ def cached_beyond_live(device=None):
 
 
 def assert_cache_released(device=None, cached_before=0):
-    """After empty_cache: nothing cached beyond what live blocks need. Our allocator does not split blocks,
-    so reserved == allocated; torch's CUDA allocator (backing flagos on NVIDIA) keeps the segments that
-    still hold live blocks, and reports the same numbers as torch.cuda. Earlier tests in the process leave
-    such segments (a cuBLAS workspace per stream, kept by torch for the life of the process, can sit in a
-    large segment): ``cached_before``, measured by the test after _settle, is what they hold."""
+    """After empty_cache: nothing cached beyond what live blocks need, and what earlier tests in the process
+    left that empty_cache cannot release: ``cached_before``, measured by the test after _settle. That is
+    the free blocks of graph pools whose graphs still live (reduce-overhead recordings of compiled
+    functions, kept by Dynamo's caches: as on CUDA, a graph's pool keeps its blocks until the graph is
+    gone), and, backed by CUDA, the segments of torch's CUDA allocator that still hold live blocks (it
+    packs small blocks into shared segments; a cuBLAS workspace per stream, kept by torch for the life of
+    the process, can sit in a large one). Our allocator does not split blocks: on the simulated
+    accelerator exactly ``cached_before`` stays cached."""
     reserved, allocated = torch.flagos.memory_reserved(device), torch.flagos.memory_allocated(device)
     if torch_fl._C._backing_type() == "cuda":
         assert reserved == torch.cuda.memory_reserved(device)
         assert allocated == torch.cuda.memory_allocated(device)
         assert reserved - allocated < cached_before + 20 * MiB
     else:
-        assert reserved == allocated
+        assert reserved - allocated == cached_before
 
 
 def test_empty_cache_returns_cached_blocks():
