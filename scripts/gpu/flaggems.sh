@@ -6,7 +6,8 @@
 #
 # 1. installs .whl/*.whl (flag-gems, sqlalchemy, greenlet, PyYAML, expecttest) into /tmp/site;
 # 2. the environment report (FlagGems available or why not);
-# 3. at the same time: pytest of tests/test_flaggems_gpu.py and tests/test_flaggems.py, and the OpInfo sweep
+# 3. at the same time: pytest of tests/test_flaggems_gpu.py, tests/test_flaggems.py and
+#    tests/test_flaggems_sweeps.py, and the OpInfo sweep
 #    (tools/flaggems_sweep.py) in its own worker processes;
 # 4. the model-shape sweep (tools/flaggems_model_sweep.py): the OpInfo sweep's config, its routes
 #    replayed on the calls a Qwen3-0.6B model makes; the ops that fail or crash there are taken out;
@@ -61,11 +62,12 @@ if [ -z "$CANDIDATE" ]; then
       > "$DIR/sweep.log" 2>&1
     echo "sweep exit status $?" >> "$DIR/sweep.log" ) &
   sweep_pid=$!
-  # tests/test_flaggems.py: the CPU-side behaviour with a real FlagGems installed (its slow sweep self-test
-  # is left out: the real sweep runs beside).
+  # tests/test_flaggems.py and test_flaggems_sweeps.py: the CPU-side behaviour with a real FlagGems installed
+  # (the slow sweep self-test is left out: the real sweep runs beside).
   # faulthandler_timeout: a test that takes longer dumps every thread's stack (a hang says where it is).
-  timeout "$PYTEST_S" python3 -m pytest tests/test_flaggems_gpu.py tests/test_flaggems.py -m "not slow" -q \
-    -p no:cacheprovider -rfEs -o faulthandler_timeout=$((PYTEST_S / 2)) --durations=10 2>&1 | tee -a "$LOG"
+  timeout "$PYTEST_S" python3 -m pytest tests/test_flaggems_gpu.py tests/test_flaggems.py \
+    tests/test_flaggems_sweeps.py -m "not slow" -q -p no:cacheprovider -rfEs \
+    -o faulthandler_timeout=$((PYTEST_S / 2)) --durations=10 2>&1 | tee -a "$LOG"
   pytest_status=${PIPESTATUS[0]}
   say "pytest exit status $pytest_status (124: time limit)"
   wait "$sweep_pid"
