@@ -36,6 +36,11 @@ run of all three does not fit a 10-minute GPU call (compiling the training step 
 ``--train-results DIR`` keeps each training run made in a fresh process (the reference's on CUDA; both
 compiled) in DIR, keyed by its settings, and a later run with the same settings takes it from there: a
 run cut short after the reference's training goes on with flagos's. The report says which were taken.
+``--side-by-side [first|second]`` (with ``--compile``) runs the two compiled training processes at the same
+time instead of one after the other, flagos's on the first GPU (or with ``second`` the second) and the
+reference's on the other (two GPUs needed against cuda), each pinned to half of this process's CPUs: the host of a compiled training step at the 0.6b shape
+wanders between 33 and 59 ms a step within minutes (2x H200, 2026-11-27), and run together both devices
+meet the same host at every moment, as paired runs do.
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -66,13 +71,14 @@ reference eager, the same for the compiled step's graph, and Hugging Face static
     python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
-                               [--parts prefill,decode,train] [--train-results DIR]
+                               [--parts prefill,decode,train] [--train-results DIR] [--side-by-side [second]]
     python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -198,12 +204,15 @@ class Workload:
         self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
         return self.last_seconds
 
-    def train_elsewhere(self, repeats: int, config_file: str, saved: str | None) -> tuple[float, list[float]]:
+    def train_elsewhere(
+        self, repeats: int, config_file: str, saved: str | None, placement: Placement | None = None
+    ) -> tuple[float, list[float]]:
         """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
         does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
         own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
         step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of the same
-        settings saved there by an earlier run is taken instead, and a new one is saved."""
+        settings saved there by an earlier run is taken instead, and a new one is saved. ``placement``: the
+        GPU and CPUs of a side-by-side run (:func:`side_by_side_placements`)."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
         repeats = max(repeats, _STEPS_ELSEWHERE)
@@ -215,6 +224,7 @@ class Workload:
             compile=compile,
             config=open(config_file).read(),
             torch=torch.__version__,
+            side_by_side=placement.where if placement is not None else None,
         )
         path = None
         if saved:
@@ -229,6 +239,8 @@ class Workload:
             env = _fresh_compiler_caches(caches) if compile else {}
             if self.device == "flagos":
                 env["FLAGOS_BACKEND_CONFIG"] = config_file
+            if placement is not None:
+                env.update(placement.env)
             times = _qwen3.run_in_clean_process(
                 "time_train_steps",
                 self.spec,
@@ -239,6 +251,7 @@ class Workload:
                 repeats=repeats,
                 compile=compile,
                 warmup=warmup,
+                cpus=placement.cpus if placement is not None else None,
             )
         print(f"  .. train on {self.device}: first step {times[0]:.1f} s", flush=True)
         if path:
@@ -255,6 +268,44 @@ class Workload:
 _STEPS_ELSEWHERE = 20
 
 
+@dataclasses.dataclass
+class Placement:
+    """Where one of two training processes run side by side goes: its environment (the GPU it sees) and
+    the CPUs it is pinned to."""
+
+    env: dict[str, str]
+    cpus: set[int]
+    where: str  # for the report
+
+
+def side_by_side_placements(reference: str, swap: bool = False) -> list[Placement]:
+    """flagos's and the reference's placements for ``--side-by-side``: one GPU each (the first two this
+    process sees; flagos on the first) where the reference is cuda, and each half of this process's CPUs,
+    so that the two compiled training runs share the machine's state (its load, its clocks) at every
+    moment, as paired runs do in one process. ``swap`` gives flagos the second GPU and half instead (the
+    two GPUs and halves need not be alike: a run with each placement tells). Raises SystemExit where there
+    is not enough of either."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--side-by-side needs at least 2 CPUs (one half for each device's process)")
+    halves = [set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])]
+    envs: list[dict[str, str]] = [{}, {}]
+    gpus = ["", ""]
+    if reference == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [i for i in visible.split(",") if i.strip()] if visible else []
+        ids = ids or [str(i) for i in range(torch.cuda.device_count())]
+        if len(ids) < 2 or torch.cuda.device_count() < 2:
+            raise SystemExit("--side-by-side needs two GPUs, one for each device's process")
+        envs = [{"CUDA_VISIBLE_DEVICES": ids[0]}, {"CUDA_VISIBLE_DEVICES": ids[1]}]
+        gpus = [f"GPU {ids[0]}, ", f"GPU {ids[1]}, "]
+    placements = [
+        Placement(env, half, f"{gpu}{len(half)} CPUs ({min(half)}-{max(half)})")
+        for env, half, gpu in zip(envs, halves, gpus, strict=True)
+    ]
+    return placements[::-1] if swap else placements
+
+
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
     """Environment variables giving Inductor and Triton empty caches under ``folder``."""
     return {
@@ -269,16 +320,25 @@ class Result:
     fl: float  # median on flagos
     pairs: list[float]  # flagos/reference of each pair; empty where the two did not run in pairs
     first: dict[str, float]  # device -> seconds of its first call (compiled runs; compilation included)
+    together: bool = False  # run side by side in processes of their own (no pairs either)
 
 
 def measure(
-    ref: Workload, fl: Workload, repeats: int, parts: list[str], config_file: str, saved: str | None
+    ref: Workload,
+    fl: Workload,
+    repeats: int,
+    parts: list[str],
+    config_file: str,
+    saved: str | None,
+    side_by_side: str | None = None,
 ) -> dict[str, Result]:
     """One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
     order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
     and each pair gives a ratio of its own. Flagos runs first, so its first compiled call is a cold one.
     Training that cannot run here (the reference on CUDA; compiled, both devices) runs in fresh processes,
-    the reference's first: no pairs then."""
+    the reference's first: no pairs then; with ``side_by_side`` (compiled; "first" or "second": where flagos
+    goes) the two processes run at the same time, each on a GPU and half the CPUs of its own
+    (:func:`side_by_side_placements`)."""
     results = {}
     for workload in (ref, fl):
         workload.decode_busy.clear()  # this config's runs only
@@ -288,8 +348,26 @@ def measure(
         first: dict[str, float] = {}
         workloads = [("ref", ref), ("fl", fl)]
         if name == "train":
-            for key, workload in workloads:
-                if not workload.trains_here:
+            elsewhere = [(key, w) for key, w in workloads if not w.trains_here]
+            if side_by_side:
+                placements = dict(
+                    zip(
+                        ("fl", "ref"),
+                        side_by_side_placements(ref.device, side_by_side == "second"),
+                        strict=True,
+                    )
+                )
+                for key, workload in elsewhere:
+                    print(f"  .. train on {workload.device}: {placements[key].where}", flush=True)
+                with concurrent.futures.ThreadPoolExecutor(len(elsewhere)) as pool:
+                    runs = {
+                        key: pool.submit(w.train_elsewhere, repeats, config_file, saved, placements[key])
+                        for key, w in elsewhere
+                    }
+                for key, workload in elsewhere:
+                    first[workload.device], samples[key] = runs[key].result()
+            else:
+                for key, workload in elsewhere:
                     first[workload.device], samples[key] = workload.train_elsewhere(
                         repeats, config_file, saved
                     )
@@ -305,17 +383,21 @@ def measure(
             [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if len(workloads) == 2 else []
         )
         results[name] = Result(
-            statistics.median(samples["ref"]), statistics.median(samples["fl"]), pairs, first
+            statistics.median(samples["ref"]),
+            statistics.median(samples["fl"]),
+            pairs,
+            first,
+            together=bool(side_by_side) and name == "train",
         )
         print(f"  .. {name}: done", flush=True)
     _qwen3.let_autograd_threads_finish()
     return results
 
 
-def _paired(pairs: list[float]) -> str:
+def _paired(pairs: list[float], together: bool = False) -> str:
     """The median of the pairs' ratios and their range, or why there are none."""
     if not pairs:
-        return "-  (run in processes of their own: no pairs)"
+        return f"-  (run in processes of their own{', side by side' if together else ''}: no pairs)"
     return f"{statistics.median(pairs):.2f}  ({min(pairs):.2f}-{max(pairs):.2f} over {len(pairs)})"
 
 
@@ -363,7 +445,7 @@ def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | 
         label, scale, kind = labels[part]
         ratio = f"{kind} {result.fl / result.ref:.2f}"
         print(
-            f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}{_paired(result.pairs)}"
+            f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}{_paired(result.pairs, result.together)}"
         )
     if ref_first is None:
         return
@@ -417,6 +499,15 @@ def main(argv: list[str] | None = None) -> int:
         help="keep each training run made in a fresh process in DIR, and take one of the same settings "
         "from there instead of running it again (a run cut short goes on where it stopped)",
     )
+    parser.add_argument(
+        "--side-by-side",
+        nargs="?",
+        const="first",
+        choices=["first", "second"],
+        help="with --compile: the two training processes at the same time, each on a GPU (two needed "
+        "against cuda) and half the CPUs of its own; flagos on the first GPU and half (the default) or "
+        "the second",
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(_PARTS))
@@ -427,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--host-diff profiles prefill and decode: --parts must include both")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.side_by_side and not (args.compile and "train" in parts):
+        parser.error(
+            "--side-by-side runs the compiled training processes together: it needs --compile and train"
+        )
     if args.top_ops < 0 or args.host_diff < 0:
         parser.error("--top-ops and --host-diff must be 0 (off) or more")
     if args.new_tokens is not None and args.new_tokens < 2:
@@ -492,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nconfig {name}")
             _qwen3.reset_routing_counts()
             config_file = native_file if config == "native" else config
-            results = measure(ref, fl, args.repeats, parts, config_file, args.train_results)
+            results = measure(
+                ref, fl, args.repeats, parts, config_file, args.train_results, args.side_by_side
+            )
             counts = _qwen3.routing_counts()
             report(results, sizes, reference, ref_first if args.compile and index == 0 else None)
             if "decode" in parts:

@@ -209,6 +209,29 @@ def test_benchmark_top_ops(run_python, qwen3):
     assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
 
 
+def test_benchmark_compiled_training_side_by_side(run_python, qwen3):
+    """benchmarks/qwen3.py --compile --side-by-side second: the two compiled training processes run at the
+    same time, each on half of the CPUs (and a GPU of its own against cuda), flagos on the second, and the
+    table says so. The tiny shape, so that it compiles in a minute."""
+    if qwen3.reference == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("side by side against cuda needs two GPUs")
+    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--shape", "tiny", "--compile", "--parts", "train"]
+    args += ["--repeats", "1", "--batch", "1", "--train-length", "8"]
+    result = run_python("", args=[*args, "--side-by-side", "second"], timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    places = dict(re.findall(r"\.\. train on (\w+): (.*CPUs \(\d+-\d+\))", out))
+    assert set(places) == {"flagos", qwen3.reference}, out
+    assert places["flagos"] != places[qwen3.reference], out
+    assert places["flagos"].endswith(f"-{max(os.sched_getaffinity(0))})"), out  # the second half
+    row = re.search(r"train step 1x8 \(ms\)\s+([\d.]+)\s+([\d.]+)\s+time [\d.]+\s+-\s+\((.*)\)", out)
+    assert row and float(row[1]) > 0 and float(row[2]) > 0, out
+    assert row[3] == "run in processes of their own, side by side: no pairs", out
+    assert re.search(r"first train call \(s\)\s+[\d.]+\s+[\d.]+", out), out
+    bad = run_python("", args=[args[0], "--parts", "train", "--side-by-side"], timeout=TIMEOUT_S)
+    assert bad.returncode != 0 and "it needs --compile and train" in bad.stderr, repr(bad)
+
+
 def test_compile_time_benchmark(run_python, qwen3):
     """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
     fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
