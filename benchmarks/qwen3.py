@@ -38,9 +38,11 @@ compiled) in DIR, keyed by its settings, and a later run with the same settings 
 run cut short after the reference's training goes on with flagos's. The report says which were taken.
 ``--side-by-side [first|second]`` (with ``--compile``) runs the two compiled training processes at the same
 time instead of one after the other, flagos's on the first GPU (or with ``second`` the second) and the
-reference's on the other (two GPUs needed against cuda), each pinned to half of this process's CPUs: the host of a compiled training step at the 0.6b shape
-wanders between 33 and 59 ms a step within minutes (2x H200, 2026-11-27), and run together both devices
-meet the same host at every moment, as paired runs do.
+reference's on the other (two GPUs needed against cuda), each pinned to half of this process's CPUs. A
+compiled training step at the 0.6b shape waits on the host, and it wandered between 33 and 64 ms a step
+within minutes on both devices (2x H200, 2026-11-27): run together, both devices meet the same host at
+every moment, as paired runs do. With ``--train-results``, saved runs are taken only where both devices'
+are there (a side-by-side pair is run again together).
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
 rules: every op on the native route where the native device has a kernel) or paths of config files
@@ -204,37 +206,47 @@ class Workload:
         self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
         return self.last_seconds
 
-    def train_elsewhere(
-        self, repeats: int, config_file: str, saved: str | None, placement: Placement | None = None
-    ) -> tuple[float, list[float]]:
-        """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
-        does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
-        own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
-        step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of the same
-        settings saved there by an earlier run is taken instead, and a new one is saved. ``placement``: the
-        GPU and CPUs of a side-by-side run (:func:`side_by_side_placements`)."""
-        compile = self.decode_mode is not None
-        warmup = 2 if compile else 1  # as measure() warms up
-        repeats = max(repeats, _STEPS_ELSEWHERE)
-        key = dict(
+    def saved_key(self, repeats: int, config_file: str, placement: Placement | None) -> dict:
+        """The settings a saved training run is kept under (``--train-results``)."""
+        return dict(
             device=self.device,
             spec={k: str(v) for k, v in self.spec.items()},
             ids=list(self.train_ids.shape),
-            repeats=repeats,
-            compile=compile,
+            repeats=max(repeats, _STEPS_ELSEWHERE),
+            compile=self.decode_mode is not None,
             config=open(config_file).read(),
             torch=torch.__version__,
             side_by_side=placement.where if placement is not None else None,
         )
-        path = None
-        if saved:
-            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-            path = os.path.join(saved, f"train-{self.device}-{digest}.json")
-            if os.path.exists(path):
-                with open(path) as f:
-                    record = json.load(f)
-                print(f"  .. train on {self.device}: taken from {path} (run {record['when']})", flush=True)
-                return record["first"], record["times"]
+
+    def saved_path(self, key: dict, saved: str) -> str:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return os.path.join(saved, f"train-{self.device}-{digest}.json")
+
+    def train_elsewhere(
+        self,
+        repeats: int,
+        config_file: str,
+        saved: str | None,
+        placement: Placement | None = None,
+        reuse: bool = True,
+    ) -> tuple[float, list[float]]:
+        """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
+        does with the routing config ``config_file`` for flagos; compiled, with empty compiler caches of its
+        own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
+        step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of
+        the same settings saved there by an earlier run is taken instead (where ``reuse``), and a new one is
+        saved. ``placement``: the GPU and CPUs of a side-by-side run (:func:`side_by_side_placements`)."""
+        compile = self.decode_mode is not None
+        warmup = 2 if compile else 1  # as measure() warms up
+        repeats = max(repeats, _STEPS_ELSEWHERE)
+        key = self.saved_key(repeats, config_file, placement)
+        path = self.saved_path(key, saved) if saved else None
+        if path and reuse and os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            print(f"  .. train on {self.device}: taken from {path} (run {record['when']})", flush=True)
+            return record["first"], record["times"]
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
             env = _fresh_compiler_caches(caches) if compile else {}
             if self.device == "flagos":
@@ -359,9 +371,16 @@ def measure(
                 )
                 for key, workload in elsewhere:
                     print(f"  .. train on {workload.device}: {placements[key].where}", flush=True)
+                # Both saved or both run: a run kept from before would leave the other running alone.
+                reuse = bool(saved) and all(
+                    os.path.exists(w.saved_path(w.saved_key(repeats, config_file, placements[key]), saved))
+                    for key, w in elsewhere
+                )
                 with concurrent.futures.ThreadPoolExecutor(len(elsewhere)) as pool:
                     runs = {
-                        key: pool.submit(w.train_elsewhere, repeats, config_file, saved, placements[key])
+                        key: pool.submit(
+                            w.train_elsewhere, repeats, config_file, saved, placements[key], reuse
+                        )
                         for key, w in elsewhere
                     }
                 for key, workload in elsewhere:
@@ -445,7 +464,8 @@ def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | 
         label, scale, kind = labels[part]
         ratio = f"{kind} {result.fl / result.ref:.2f}"
         print(
-            f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}{_paired(result.pairs, result.together)}"
+            f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}"
+            + _paired(result.pairs, result.together)
         )
     if ref_first is None:
         return

@@ -209,7 +209,7 @@ def test_benchmark_top_ops(run_python, qwen3):
     assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
 
 
-def test_benchmark_compiled_training_side_by_side(run_python, qwen3):
+def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     """benchmarks/qwen3.py --compile --side-by-side second: the two compiled training processes run at the
     same time, each on half of the CPUs (and a GPU of its own against cuda), flagos on the second, and the
     table says so. The tiny shape, so that it compiles in a minute."""
@@ -217,7 +217,8 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3):
         pytest.skip("side by side against cuda needs two GPUs")
     args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--shape", "tiny", "--compile", "--parts", "train"]
     args += ["--repeats", "1", "--batch", "1", "--train-length", "8"]
-    result = run_python("", args=[*args, "--side-by-side", "second"], timeout=TIMEOUT_S)
+    args += ["--side-by-side", "second", "--train-results", str(tmp_path)]
+    result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
     out = result.stdout
     places = dict(re.findall(r"\.\. train on (\w+): (.*CPUs \(\d+-\d+\))", out))
@@ -228,6 +229,12 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3):
     assert row and float(row[1]) > 0 and float(row[2]) > 0, out
     assert row[3] == "run in processes of their own, side by side: no pairs", out
     assert re.search(r"first train call \(s\)\s+[\d.]+\s+[\d.]+", out), out
+    # Again with the saved runs: both are taken (one taken alone would leave the other running alone).
+    again = run_python("", args=args, timeout=TIMEOUT_S)
+    assert again.returncode == 0, repr(again)
+    taken = re.findall(r"\.\. train on (\w+): taken from ", again.stdout)
+    assert sorted(taken) == sorted(["flagos", qwen3.reference]), again.stdout
+    assert row[0] in again.stdout, again.stdout  # the same figures
     bad = run_python("", args=[args[0], "--parts", "train", "--side-by-side"], timeout=TIMEOUT_S)
     assert bad.returncode != 0 and "it needs --compile and train" in bad.stderr, repr(bad)
 
