@@ -587,8 +587,8 @@ def run_in_clean_process(
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
     where there is one. ``env`` adds environment variables for the child. The child's output goes to this
     process's stderr; a failure raises RuntimeError with the child's exit code, and so does a child still
-    running after ``timeout`` seconds (it is killed). ``cpus`` pins the child to those CPUs (set as it
-    starts, before it makes threads of its own, which inherit it)."""
+    running after ``timeout`` seconds (it is killed). ``cpus`` pins the child to those CPUs (set right
+    after it is started; threads and processes it makes later inherit it)."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
