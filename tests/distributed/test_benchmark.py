@@ -87,6 +87,45 @@ def test_collectives_bandwidth_against_gloo(launch, tmp_path):
         assert row["ratio"] == pytest.approx(row["flagos_gbs"] / row["native_gbs"])
 
 
+OVERHEAD = os.path.join(ROOT, "benchmarks", "collective_overhead.py")
+
+
+def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips without the backend
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env.update(FLAGOS_ACCELERATOR="sim", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    args = ["--n", "20", "--repeats", "2", "--sizes-kib", "1,4"]
+    proc = subprocess.run(
+        [sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "flagos on 'cpu' (inner backend gloo), world size 1, 20 calls a loop, 2 rounds" in proc.stdout
+    rows = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if line.split()[:1] and line.split()[0] in ("all_reduce", "all_gather", "reduce_scatter")
+    ]
+    assert [(r[0], r[1] + " " + r[2]) for r in rows] == [
+        (op, size) for op in ("all_reduce", "all_gather", "reduce_scatter") for size in ("1 KiB", "4 KiB")
+    ]
+    for _, _, _, native, flagos, ratio, diff in rows:
+        assert float(native) > 0 and float(flagos) > 0 and float(ratio) > 0
+        assert float(diff) == pytest.approx(float(flagos) - float(native), abs=0.02)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ops", "all_reduce,broadcast"], "--ops: unknown broadcast; valid: all_reduce, all_gather"),
+        (["--sizes-kib", "1,big"], "--sizes-kib: '1,big' is not a comma-separated list of numbers"),
+        (["--sizes-kib", "0.001"], "--sizes-kib: give at least one size of 4 bytes or more"),
+        (["--n", "0"], "--n and --repeats must be at least 1"),
+    ],
+)
+def test_collective_overhead_bad_arguments_are_named(args, message):
+    proc = subprocess.run([sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def _running(fragment: str) -> list[str]:
     """Command lines of the processes running that contain ``fragment``."""
     found = []

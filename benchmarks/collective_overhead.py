@@ -1,0 +1,133 @@
+"""Host time of one collective call on flagos against the native device, in one process of world size 1.
+
+``benchmarks/distributed.py`` measures collectives across ranks, where the transfer, the ranks' lining up and
+the host's time per call mix. Below about 64 MiB a call's time there is mostly the host's (on the 2x H200
+machine cuda's own all-gather takes 38 us a call at 1 MiB), so what flagos's backend adds per call decides
+the bandwidth ratio. This isolates it: one process, a group of world size 1 (the inner backend still runs
+its whole call path: NCCL launches a copy kernel, gloo hands the call to its worker thread), the same call
+``--n`` times on flagos tensors and on native ones (cuda through NCCL; CPU tensors through gloo on the
+simulated accelerator), each loop ended by one synchronize, in ``--repeats`` rounds that alternate which
+device goes first. Printed per op and size: microseconds per call (medians over the rounds), the median of
+the rounds' ratios and the difference. Run it under ``perf record`` to see where the difference goes.
+
+    python benchmarks/collective_overhead.py [--n 5000] [--repeats 5] [--ops all_gather,reduce_scatter]
+        [--sizes-kib 1,1024]
+
+On the simulated accelerator gloo's thread hand-off (tens of microseconds a call) dwarfs the difference;
+the figures that matter come from a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_fl  # noqa: F401  (registers the flagos device and its c10d backend)
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def native_device() -> str:
+    return torch_fl._C._backing_type() or "cpu"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=5000, help="calls per timed loop")
+    p.add_argument("--repeats", type=int, default=5, help="rounds, the devices' order alternating")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
+    p.add_argument("--sizes-kib", default="1,1024", help="comma-separated tensor sizes in KiB")
+    args = p.parse_args(argv)
+    args.ops = [op for op in args.ops.split(",") if op]
+    unknown = [op for op in args.ops if op not in OPS]
+    if unknown or not args.ops:
+        p.error(f"--ops: unknown {', '.join(unknown) or '(none given)'}; valid: {', '.join(OPS)}")
+    try:
+        args.sizes = [int(float(s) * 1024) for s in args.sizes_kib.split(",") if s]
+    except ValueError:
+        p.error(f"--sizes-kib: {args.sizes_kib!r} is not a comma-separated list of numbers")
+    if not args.sizes or min(args.sizes) < 4:
+        p.error("--sizes-kib: give at least one size of 4 bytes or more")
+    if args.n < 1 or args.repeats < 1:
+        p.error("--n and --repeats must be at least 1")
+    return args
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "flagos":
+        torch.flagos.synchronize()
+    elif device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def call_of(op: str, numel: int, device: torch.device):
+    """The collective as a function of nothing, over fresh tensors of ``numel`` float32 elements."""
+    inp = torch.ones(numel, device=device)
+    out = torch.empty(numel, device=device)  # world size 1: an all-gather's output is its input's size
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(inp)
+    # torch 2.13 renames the tensor forms (the old names warn there); 2.11 has only the old ones.
+    if op == "all_gather":
+        all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        return lambda: all_gather(out, inp)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    return lambda: reduce_scatter(out, inp)
+
+
+def us_per_call(call, device: torch.device, n: int) -> float:
+    call()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        call()
+    synchronize(device)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    native = native_device()
+    torch.flagos.set_device(0)
+    devices = {"flagos": torch.device("flagos", 0)}
+    if native == "cuda":
+        torch.cuda.set_device(0)
+        devices["native"] = torch.device("cuda", 0)
+        backends = "cpu:gloo,cuda:nccl,flagos:flagos"
+    else:
+        devices["native"] = torch.device("cpu")
+        backends = "cpu:gloo,flagos:flagos"
+    dist.init_process_group(backends, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        inner = "NCCL" if native == "cuda" else "gloo"
+        print(
+            f"torch {torch.__version__}, flagos on {native!r} (inner backend {inner}), world size 1, "
+            f"{args.n} calls a loop, {args.repeats} rounds; us per call, medians"
+        )
+        print(f"{'op':16s} {'size':>9s} {native:>9s} {'flagos':>9s} {'ratio':>7s} {'diff us':>8s}")
+        for op in args.ops:
+            for nbytes in args.sizes:
+                numel = max(1, nbytes // 4)
+                calls = {name: call_of(op, numel, d) for name, d in devices.items()}
+                times = {name: [] for name in devices}
+                for r in range(args.repeats):
+                    order = ["flagos", "native"] if r % 2 == 0 else ["native", "flagos"]
+                    for name in order:
+                        times[name].append(us_per_call(calls[name], devices[name], args.n))
+                ratio = statistics.median(
+                    f / c for f, c in zip(times["flagos"], times["native"], strict=True)
+                )
+                flagos, ref = statistics.median(times["flagos"]), statistics.median(times["native"])
+                size = f"{nbytes // 1024} KiB" if nbytes >= 1024 else f"{nbytes} B"
+                print(f"{op:16s} {size:>9s} {ref:9.2f} {flagos:9.2f} {ratio:7.3f} {flagos - ref:8.2f}")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
