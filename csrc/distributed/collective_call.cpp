@@ -76,39 +76,41 @@ c10::Device Call::device() const {
 
 // ---- 1. Checks -------------------------------------------------------------------------------------------
 
-void Call::check(const std::string& role, const TensorList& tensors) {
+void Call::check(const Role& role, const TensorList& tensors) {
   check_flagos_tensors(site_, role, tensors, device_);
 }
 
-void Call::check(const std::string& role, const at::Tensor& tensor) {
+void Call::check(const Role& role, const at::Tensor& tensor) {
   check_flagos_tensor(site_, role, tensor, device_);
 }
 
-void Call::check(const std::string& role, const TensorLists& lists) {
-  for (size_t i = 0; i < lists.size(); ++i) check(c10::str(role, " ", i, ", tensor"), lists[i]);
+void Call::check(const Role& role, const TensorLists& lists) {
+  for (size_t i = 0; i < lists.size(); ++i) check(role.at(static_cast<int64_t>(i)), lists[i]);
 }
 
-void Call::check_per_rank(const std::string& tensors_role, const TensorList& tensors,
-                          const std::string& lists_role, const TensorLists& lists) {
+void Call::check_per_rank(const Role& tensors_role, const TensorList& tensors, const Role& lists_role,
+                          const TensorLists& lists) {
   TORCH_CHECK_VALUE(lists.size() == tensors.size(), site_.context(), ": ", lists.size(), " ", lists_role,
                     "s for ", tensors.size(), " ", tensors_role, "s; it takes one per ", tensors_role);
   for (size_t i = 0; i < lists.size(); ++i) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(lists[i].size()) == size(), site_.context(), ": ", lists_role, " ",
                       i, " has ", lists[i].size(), " tensors; it must have one per rank (world size ", size(),
                       ")");
+    const auto entry = static_cast<int64_t>(i);
     for (size_t j = 0; j < lists[i].size(); ++j) {
-      check_fits(site_, c10::str(tensors_role, " ", i), tensors[i],
-                 c10::str(lists_role, " ", i, ", tensor ", j), lists[i][j], 1);
+      check_fits(site_, tensors_role.at(entry), tensors[i], lists_role.at(entry).at(static_cast<int64_t>(j)),
+                 lists[i][j], 1);
     }
   }
 }
 
-void Call::check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role,
-                       const TensorList& b, int64_t factor) {
+void Call::check_pairs(const Role& a_role, const TensorList& a, const Role& b_role, const TensorList& b,
+                       int64_t factor) {
   TORCH_CHECK_VALUE(a.size() == b.size(), site_.context(), ": ", a.size(), " ", a_role, "s and ", b.size(),
                     " ", b_role, "s; it takes one ", b_role, " per ", a_role);
   for (size_t i = 0; i < a.size(); ++i) {
-    check_fits(site_, c10::str(a_role, " ", i), a[i], c10::str(b_role, " ", i), b[i], factor);
+    const auto entry = static_cast<int64_t>(i);
+    check_fits(site_, a_role.at(entry), a[i], b_role.at(entry), b[i], factor);
   }
 }
 
@@ -251,9 +253,8 @@ c10::intrusive_ptr<c10d::Work> Call::wrap(c10::intrusive_ptr<c10d::Work> inner, 
   } else {
     completions.push_back(completion_);
   }
-  auto work =
-      c10::make_intrusive<FlagosWork>(std::move(parts), std::move(outputs), std::move(completions), device(),
-                                      rank(), collective_op_type(site_.collective), site_.context());
+  auto work = c10::make_intrusive<FlagosWork>(std::move(parts), std::move(outputs), std::move(completions),
+                                              device(), site_);
   if (backend_.coalescing_) {
     backend_.coalesced_works_.push_back(work);
     if (!backend_.coalesced_device_) backend_.coalesced_device_ = device();

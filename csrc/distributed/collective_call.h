@@ -61,15 +61,15 @@ class Call {
     }
     agree(error);
   }
-  void check(const std::string& role, const TensorList& tensors);
-  void check(const std::string& role, const at::Tensor& tensor);
-  void check(const std::string& role, const TensorLists& lists);
+  void check(const Role& role, const TensorList& tensors);
+  void check(const Role& role, const at::Tensor& tensor);
+  void check(const Role& role, const TensorLists& lists);
   // `lists[i]` holds one tensor per rank, each fitting `tensors[i]`.
-  void check_per_rank(const std::string& tensors_role, const TensorList& tensors,
-                      const std::string& lists_role, const TensorLists& lists);
+  void check_per_rank(const Role& tensors_role, const TensorList& tensors, const Role& lists_role,
+                      const TensorLists& lists);
   // `b[i]` holds `factor` times `a[i]`'s elements.
-  void check_pairs(const std::string& a_role, const TensorList& a, const std::string& b_role,
-                   const TensorList& b, int64_t factor);
+  void check_pairs(const Role& a_role, const TensorList& a, const Role& b_role, const TensorList& b,
+                   int64_t factor);
   void check_reduce(const c10d::ReduceOp& op);
 
   // ---- 2. Reduce ops the inner backend lacks

@@ -109,7 +109,21 @@ std::string CallSite::context() const {
   return c10::str("flagos backend (rank ", rank, "): ", collective_name(collective));
 }
 
-void check_flagos_tensor(const CallSite& site, const std::string& role, const at::Tensor& tensor,
+Role Role::at(int64_t i) const {
+  TORCH_INTERNAL_ASSERT(tensor < 0, "a role names at most a list and a tensor in it");
+  Role entry = *this;
+  (index < 0 ? entry.index : entry.tensor) = i;
+  return entry;
+}
+
+std::ostream& operator<<(std::ostream& out, const Role& role) {
+  out << role.name;
+  if (role.index >= 0) out << " " << role.index;
+  if (role.tensor >= 0) out << ", tensor " << role.tensor;
+  return out;
+}
+
+void check_flagos_tensor(const CallSite& site, const Role& role, const at::Tensor& tensor,
                          std::optional<c10::Device>& device) {
   TORCH_CHECK_VALUE(tensor.defined(), site.context(), ": ", role, " is an undefined tensor");
   TORCH_CHECK_VALUE(tensor.device().type() == c10::DeviceType::PrivateUse1, site.context(), ": ", role,
@@ -128,15 +142,15 @@ void check_flagos_tensor(const CallSite& site, const std::string& role, const at
                     "; one collective runs on one flagos device");
 }
 
-void check_flagos_tensors(const CallSite& site, const std::string& role,
-                          const std::vector<at::Tensor>& tensors, std::optional<c10::Device>& device) {
+void check_flagos_tensors(const CallSite& site, const Role& role, const std::vector<at::Tensor>& tensors,
+                          std::optional<c10::Device>& device) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    check_flagos_tensor(site, c10::str(role, " ", i), tensors[i], device);
+    check_flagos_tensor(site, role.at(static_cast<int64_t>(i)), tensors[i], device);
   }
 }
 
-void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a,
-                const std::string& b_role, const at::Tensor& b, int64_t factor) {
+void check_fits(const CallSite& site, const Role& a_role, const at::Tensor& a, const Role& b_role,
+                const at::Tensor& b, int64_t factor) {
   TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), site.context(), ": ", b_role, " has dtype ",
                     b.scalar_type(), " but ", a_role, " has dtype ", a.scalar_type(),
                     "; the collective does not convert");
@@ -168,8 +182,8 @@ void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op) {
   }
 }
 
-CollectiveFingerprint::CollectiveFingerprint(Collective collective)
-    : values_(kLength, -1), hash_(1469598103934665603ull) {
+CollectiveFingerprint::CollectiveFingerprint(Collective collective) : hash_(1469598103934665603ull) {
+  values_.fill(-1);
   values_[kMagicField] = kMagic;
   values_[kCollectiveField] = static_cast<int64_t>(collective);
   values_[kInvalidField] = 0;

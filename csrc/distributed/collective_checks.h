@@ -9,11 +9,14 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/ArrayRef.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -53,17 +56,30 @@ struct CallSite {
   std::string context() const;
 };
 
+// Which of a call's tensors a message is about: "the input", "tensor 0", "output list 1, tensor 0". Written
+// out only when a check fails: a call whose checks pass builds no string (every collective runs them).
+struct Role {
+  const char* name;
+  int64_t index = -1;   // the entry's place in its list (a tensor, or a list of a list of lists)
+  int64_t tensor = -1;  // the tensor's place in list `index`
+  // Implicit: the call sites pass string literals ("the input").
+  Role(const char* role_name) : name(role_name) {}  // NOLINT(google-explicit-constructor)
+  // Entry `i` of this role's list; of a list's role with its index set, that list's tensor `i`.
+  Role at(int64_t i) const;
+};
+std::ostream& operator<<(std::ostream& out, const Role& role);
+
 // Every tensor of `tensors` is a defined, dense flagos tensor on the call's device (`device`, set by the
 // first one seen). `role` names them in errors: "tensor", "output", "input list 0".
-void check_flagos_tensors(const CallSite& site, const std::string& role,
-                          const std::vector<at::Tensor>& tensors, std::optional<c10::Device>& device);
-void check_flagos_tensor(const CallSite& site, const std::string& role, const at::Tensor& tensor,
+void check_flagos_tensors(const CallSite& site, const Role& role, const std::vector<at::Tensor>& tensors,
+                          std::optional<c10::Device>& device);
+void check_flagos_tensor(const CallSite& site, const Role& role, const at::Tensor& tensor,
                          std::optional<c10::Device>& device);
 
 // `a` and `b` have one dtype and `b` holds `factor` times `a`'s elements (an all-gather's output is world
 // size times its input; factor 1 for list entries).
-void check_fits(const CallSite& site, const std::string& a_role, const at::Tensor& a,
-                const std::string& b_role, const at::Tensor& b, int64_t factor);
+void check_fits(const CallSite& site, const Role& a_role, const at::Tensor& a, const Role& b_role,
+                const at::Tensor& b, int64_t factor);
 
 // A reduce op torch defines (SUM .. PREMUL_SUM; PREMUL_SUM with its factor), or a ValueError naming it.
 void check_reduce_op(const CallSite& site, const c10d::ReduceOp& op);
@@ -86,7 +102,7 @@ class CollectiveFingerprint {
   void add(const std::vector<at::Tensor>& tensors, bool shape = true);
   // This rank's call failed its own checks: the other ranks raise too instead of waiting for it.
   void mark_invalid();
-  const std::vector<int64_t>& values() const { return values_; }
+  c10::ArrayRef<int64_t> values() const { return values_; }
 
   // Whether the fingerprint `row` (another rank's) marks an invalid call.
   static bool invalid(const int64_t* row);
@@ -95,7 +111,7 @@ class CollectiveFingerprint {
   std::string mismatch(int my_rank, const int64_t* other, int other_rank) const;
 
  private:
-  std::vector<int64_t> values_;
+  std::array<int64_t, kLength> values_;  // inline: a fingerprint is filled for every call
   int64_t count_ = 0;
   uint64_t hash_;
 };

@@ -88,9 +88,8 @@ c10::intrusive_ptr<c10d::Work> FlagosBackend::endCoalescing() {
   } else {
     parts.assign(works.begin(), works.end());
   }
-  const CallSite site{Collective::kCoalesced, rank_};
   return c10::make_intrusive<FlagosWork>(std::move(parts), std::move(outputs), std::move(completions), device,
-                                         rank_, c10d::OpType::COALESCED, site.context());
+                                         CallSite{Collective::kCoalesced, rank_});
 }
 
 c10::intrusive_ptr<c10d::Work> FlagosBackend::broadcast(TensorList& tensors,

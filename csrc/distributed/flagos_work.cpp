@@ -33,14 +33,14 @@ std::exception_ptr as_distributed_error(const std::exception_ptr& error, const s
 }
 
 FlagosWork::FlagosWork(std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::vector<at::Tensor> outputs,
-                       std::vector<std::shared_ptr<Completion>> completions, c10::Device device, int rank,
-                       c10d::OpType op_type, std::string context)
-    : c10d::Work(rank, op_type),
+                       std::vector<std::shared_ptr<Completion>> completions, c10::Device device,
+                       CallSite site)
+    : c10d::Work(site.rank, collective_op_type(site.collective)),
       parts_(std::move(parts)),
       outputs_(std::move(outputs)),
       completions_(std::move(completions)),
       device_(device),
-      context_(std::move(context)) {}
+      site_(site) {}
 
 void FlagosWork::run_completions() const {
   for (const auto& c : completions_) c->run();
@@ -51,11 +51,11 @@ c10::intrusive_ptr<c10::ivalue::Future> FlagosWork::make_future() const {
                                                          std::vector<c10::Device>{device_});
   // Runs where the communication is seen complete: in the inner future's callback (NCCL: on a stream that
   // waited for it; gloo: on its worker thread), so the future's events follow the finishing steps.
-  auto finish = [future, outputs = outputs_, completions = completions_, context = context_](
+  auto finish = [future, outputs = outputs_, completions = completions_, site = site_](
                     const c10::ivalue::Future* done, std::exception_ptr error) {
     if (done != nullptr && done->hasError()) error = done->exception_ptr();
     if (error) {
-      future->setError(as_distributed_error(error, context));
+      future->setError(as_distributed_error(error, site.context()));
       return;
     }
     try {
@@ -113,13 +113,13 @@ bool FlagosWork::isSuccess() const {
 
 std::exception_ptr FlagosWork::exception() const {
   for (const auto& part : parts_) {
-    if (auto e = part->exception()) return as_distributed_error(e, context_);
+    if (auto e = part->exception()) return as_distributed_error(e, site_.context());
   }
   return nullptr;
 }
 
 int FlagosWork::sourceRank() const {
-  TORCH_CHECK(parts_.size() == 1, context_, ": sourceRank() is only defined for a single receive");
+  TORCH_CHECK(parts_.size() == 1, site_.context(), ": sourceRank() is only defined for a single receive");
   return parts_.front()->sourceRank();
 }
 
@@ -130,7 +130,7 @@ bool FlagosWork::wait(std::chrono::milliseconds timeout) {
     // blocks until it completed (gloo over host memory).
     for (const auto& part : parts_) completed = part->wait(timeout) && completed;
   } catch (...) {
-    std::rethrow_exception(as_distributed_error(std::current_exception(), context_));
+    std::rethrow_exception(as_distributed_error(std::current_exception(), site_.context()));
   }
   run_completions();
   return completed;
@@ -140,7 +140,7 @@ void FlagosWork::synchronize() {
   try {
     for (const auto& part : parts_) part->synchronize();
   } catch (...) {
-    std::rethrow_exception(as_distributed_error(std::current_exception(), context_));
+    std::rethrow_exception(as_distributed_error(std::current_exception(), site_.context()));
   }
   run_completions();
 }
@@ -155,7 +155,7 @@ c10::intrusive_ptr<c10::ivalue::Future> FlagosWork::getFuture() {
 }
 
 uint64_t FlagosWork::getSequencenumber() const {
-  TORCH_CHECK(!parts_.empty(), context_, ": no sequence number (no communication took place)");
+  TORCH_CHECK(!parts_.empty(), site_.context(), ": no sequence number (no communication took place)");
   return parts_.front()->getSequencenumber();
 }
 

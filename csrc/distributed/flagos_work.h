@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "distributed/collective_checks.h"
+
 namespace flagos::distributed {
 
 // Steps that finish one collective on flagos after its communication completed, run once (concurrent
@@ -50,9 +52,9 @@ class FlagosWork : public c10d::Work {
   // `parts`: the inner works this one completes with (usually one; the works of a coalesced group; none
   // for an op that needed no communication). `outputs`: the caller's flagos tensors that hold the result.
   // `completions`: the steps that finish it (may be empty). `device`: the flagos device of the tensors.
+  // `site`: the call, for the rank, the op type and errors' messages (written only for an error).
   FlagosWork(std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::vector<at::Tensor> outputs,
-             std::vector<std::shared_ptr<Completion>> completions, c10::Device device, int rank,
-             c10d::OpType op_type, std::string context);
+             std::vector<std::shared_ptr<Completion>> completions, c10::Device device, CallSite site);
   ~FlagosWork() override = default;
 
   bool isCompleted() override;
@@ -77,7 +79,7 @@ class FlagosWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<std::shared_ptr<Completion>> completions_;
   c10::Device device_;
-  std::string context_;
+  CallSite site_;
   std::once_flag future_once_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

@@ -367,6 +367,22 @@ def bad_input() -> list[str]:
         # (at world size 1 the sizes must simply be equal, and the message says so)
         *([f"world size ({WORLD}) times"] if WORLD > 1 else ["but the input has 4"]),
     )
+    # A list's tensor and a pair's, named with their places (the names are written only for an error).
+    expect_error(
+        ValueError,
+        lambda: dist.all_gather(
+            [torch.empty(4, device=DEVICE)] * (WORLD - 1) + [torch.empty(5, device=DEVICE)], t
+        ),
+        f"{where}: all_gather: output list 0, tensor {WORLD - 1} has 5 elements (shape [5]) but input 0 has 4",
+    )
+    expect_error(
+        ValueError,
+        lambda: dist.group.WORLD.allgather_into_tensor_coalesced(
+            [torch.empty(4 * WORLD, device=DEVICE), torch.empty(3, device=DEVICE)], [t, t]
+        ),
+        f"{where}: all_gather_into_tensor_coalesced: output 1 has 3 elements (shape [3])",
+        *([f"world size ({WORLD}) times input 1's 4 elements"] if WORLD > 1 else ["but input 1 has 4"]),
+    )
 
     if WORLD == 1 or not flagos_backend().check_across_ranks:
         ok = torch.ones(4, device=DEVICE)
