@@ -8,7 +8,10 @@
 #   $P report -i /tmp/x.data --no-children --sort dso,sym --stdio -g none | grep % | head -80 > $OUT/self.txt
 #
 # Frame-pointer call graphs (-g) only: reports of DWARF call graphs (--call-graph dwarf) took over two
-# minutes each there and ran a call out of its time. About 28 MiB (libperl and libpython are most of it).
+# minutes each there and ran a call out of its time. torch_fl's release build omits frame pointers, so
+# its frames break those call graphs (the flat profile is still right): for call graphs through torch_fl
+# build it with them, `CMAKE_ARGS="-DCMAKE_CXX_FLAGS=-fno-omit-frame-pointer" scripts/gpu/check.sh build`
+# (scikit-build-core passes CMAKE_ARGS to CMake). About 28 MiB (libperl and libpython are most of it).
 #
 # Usage: scripts/gpu/perf-bundle.sh     (needs perf here: apt-get install linux-perf)
 set -euo pipefail
