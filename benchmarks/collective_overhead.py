@@ -32,10 +32,6 @@ import torch_fl  # noqa: F401  (registers the flagos device and its c10d backend
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def native_device() -> str:
-    return torch_fl._C._backing_type() or "cpu"
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=5000, help="calls per timed loop")
@@ -91,7 +87,7 @@ def us_per_call(call, device: torch.device, n: int) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    native = native_device()
+    native = torch_fl._C._backing_type() or "cpu"  # the device type under flagos
     torch.flagos.set_device(0)
     devices = {"flagos": torch.device("flagos", 0)}
     if native == "cuda":
