@@ -410,7 +410,8 @@ def test_buffers_are_allocated_through_torch_fl(index, device_count):
 
 def test_fast_allocation_helper():
     """torch_fl._C._empty_strided: a flagos tensor of the size, strides and dtype asked, on the device by
-    index (-1: the current one); clear errors for a wrong dtype or sizes that do not match the strides."""
+    index (-1: the current one); clear errors for a wrong dtype, sizes that do not match the strides, a
+    wrong device or number of arguments."""
     t = torch_fl._C._empty_strided((2, 3), (1, 2), torch.bfloat16, 0)
     assert (t.device, t.shape, t.stride(), t.dtype) == (
         torch.device("flagos:0"),
@@ -427,6 +428,18 @@ def test_fast_allocation_helper():
         torch_fl._C._empty_strided((2**70,), (1,), torch.float32, 0)
     with pytest.raises(RuntimeError, match="2 sizes but 1 strides"):
         torch_fl._C._empty_strided((2, 3), (1,), torch.float32, 0)
+    with pytest.raises(TypeError, match="takes 3 or 4 positional arguments, got 2"):
+        torch_fl._C._empty_strided((2,), (1,))
+    with pytest.raises(TypeError, match="device must be an int"):
+        torch_fl._C._empty_strided((2,), (1,), torch.float32, "flagos:0")
+    with pytest.raises(ValueError, match="device 300 is not a device index"):
+        torch_fl._C._empty_strided((2,), (1,), torch.float32, 300)
+    last = torch.flagos.device_count() - 1
+    with pytest.raises(IndexError, match=f"invalid flagos device index {last + 1}"):
+        torch_fl._C._empty_strided((2,), (1,), torch.float32, last + 1)
+    # Another device than the current one: allocated there, the current device left as it was.
+    assert torch_fl._C._empty_strided((2,), (1,), torch.float32, last).device == torch.device("flagos", last)
+    assert torch.flagos.current_device() == 0
 
 
 def test_side_stream():

@@ -17,6 +17,7 @@
 
 #include "ops/kernels/copy.h"
 #include "runtime/allocator.h"
+#include "runtime/device.h"
 #include "runtime/stream.h"
 
 namespace flagos::ops::kernels {
@@ -26,9 +27,13 @@ using runtime::device_allocator;
 
 const c10::DispatchKeySet kFlagosKeys(c10::DispatchKey::PrivateUse1);
 
-// Allocation happens on the current device, so a factory for flagos:i switches to i for its duration.
+// Allocation happens on the current device, so a factory for flagos:i switches to i for its duration. A
+// factory for the current device (the common case: Inductor's buffers, `device="flagos:0"`) takes no guard:
+// a guard's restore is a device set through the backing runtime (CUDA's asks the driver whether the device
+// has a primary context first), paid on every allocation for nothing.
 std::optional<c10::Device> explicit_device(std::optional<c10::Device> device) {
-  if (device.has_value() && device->has_index()) return device;
+  if (device.has_value() && device->has_index() && device->index() != runtime::current_device())
+    return device;
   return std::nullopt;
 }
 
