@@ -36,12 +36,14 @@ run of all three does not fit a 10-minute GPU call (compiling the training step 
 ``--train-results DIR`` keeps each training run made in a fresh process (the reference's on CUDA; both
 compiled) in DIR, keyed by its settings, and a later run with the same settings takes it from there: a
 run cut short after the reference's training goes on with flagos's. The report says which were taken.
-``--side-by-side [first|second]`` (with ``--compile``) runs the two compiled training processes at the same
-time instead of one after the other, flagos's on the first GPU (or with ``second`` the second) and the
-reference's on the other (two GPUs needed against cuda), each pinned to half of this process's CPUs. A
-compiled training step at the 0.6b shape waits on the host, and it wandered between 33 and 64 ms a step
-within minutes on both devices (2x H200, 2026-11-27): run together, both devices meet the same host at
-every moment, as paired runs do. With ``--train-results``, saved runs are taken only where both devices'
+``--side-by-side`` (with ``--compile``) runs the two compiled training processes at the same time instead
+of one after the other, on the same GPU and CPUs, and once both have compiled, their timed steps take turns
+in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``_qwen3.Turns``), so that only one runs
+at a time and each block of one device has a block of the other beside it: the pairs of block medians give
+a paired ratio. A compiled training step at the 0.6b shape waits on the host, and it wandered between 33
+and 64 ms a step within minutes on both devices (2x H200, 2026-11-27); run one after the other, or at the
+same time on two GPUs, the two devices met different host states (the GPU and CPUs a process ran on
+mattered more than the device). With ``--train-results``, saved runs are taken only where both devices'
 are there (a side-by-side pair is run again together).
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
@@ -206,7 +208,7 @@ class Workload:
         self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
         return self.last_seconds
 
-    def saved_key(self, repeats: int, config_file: str, placement: Placement | None) -> dict:
+    def saved_key(self, repeats: int, config_file: str, side_by_side: bool) -> dict:
         """The settings a saved training run is kept under (``--train-results``)."""
         return dict(
             device=self.device,
@@ -216,7 +218,7 @@ class Workload:
             compile=self.decode_mode is not None,
             config=open(config_file).read(),
             torch=torch.__version__,
-            side_by_side=placement.where if placement is not None else None,
+            side_by_side=side_by_side,
         )
 
     def saved_path(self, key: dict, saved: str) -> str:
@@ -228,7 +230,7 @@ class Workload:
         repeats: int,
         config_file: str,
         saved: str | None,
-        placement: Placement | None = None,
+        turns: dict | None = None,
         reuse: bool = True,
     ) -> tuple[float, list[float]]:
         """Training steps in a fresh process, one that never imports torch_fl for the reference, one that
@@ -236,11 +238,11 @@ class Workload:
         own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
         step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of
         the same settings saved there by an earlier run is taken instead (where ``reuse``), and a new one is
-        saved. ``placement``: the GPU and CPUs of a side-by-side run (:func:`side_by_side_placements`)."""
+        saved. ``turns``: the arguments of ``_qwen3.Turns`` for a side-by-side run."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
         repeats = max(repeats, _STEPS_ELSEWHERE)
-        key = self.saved_key(repeats, config_file, placement)
+        key = self.saved_key(repeats, config_file, turns is not None)
         path = self.saved_path(key, saved) if saved else None
         if path and reuse and os.path.exists(path):
             with open(path) as f:
@@ -251,8 +253,6 @@ class Workload:
             env = _fresh_compiler_caches(caches) if compile else {}
             if self.device == "flagos":
                 env["FLAGOS_BACKEND_CONFIG"] = config_file
-            if placement is not None:
-                env.update(placement.env)
             times = _qwen3.run_in_clean_process(
                 "time_train_steps",
                 self.spec,
@@ -263,7 +263,7 @@ class Workload:
                 repeats=repeats,
                 compile=compile,
                 warmup=warmup,
-                cpus=placement.cpus if placement is not None else None,
+                turns=turns,
             )
         print(f"  .. train on {self.device}: first step {times[0]:.1f} s", flush=True)
         if path:
@@ -280,44 +280,6 @@ class Workload:
 _STEPS_ELSEWHERE = 20
 
 
-@dataclasses.dataclass
-class Placement:
-    """Where one of two training processes run side by side goes: its environment (the GPU it sees) and
-    the CPUs it is pinned to."""
-
-    env: dict[str, str]
-    cpus: set[int]
-    where: str  # for the report
-
-
-def side_by_side_placements(reference: str, swap: bool = False) -> list[Placement]:
-    """flagos's and the reference's placements for ``--side-by-side``: one GPU each (the first two this
-    process sees; flagos on the first) where the reference is cuda, and each half of this process's CPUs,
-    so that the two compiled training runs share the machine's state (its load, its clocks) at every
-    moment, as paired runs do in one process. ``swap`` gives flagos the second GPU and half instead (the
-    two GPUs and halves need not be alike: a run with each placement tells). Raises SystemExit where there
-    is not enough of either."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        raise SystemExit("--side-by-side needs at least 2 CPUs (one half for each device's process)")
-    halves = [set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])]
-    envs: list[dict[str, str]] = [{}, {}]
-    gpus = ["", ""]
-    if reference == "cuda":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = [i for i in visible.split(",") if i.strip()] if visible else []
-        ids = ids or [str(i) for i in range(torch.cuda.device_count())]
-        if len(ids) < 2 or torch.cuda.device_count() < 2:
-            raise SystemExit("--side-by-side needs two GPUs, one for each device's process")
-        envs = [{"CUDA_VISIBLE_DEVICES": ids[0]}, {"CUDA_VISIBLE_DEVICES": ids[1]}]
-        gpus = [f"GPU {ids[0]}, ", f"GPU {ids[1]}, "]
-    placements = [
-        Placement(env, half, f"{gpu}{len(half)} CPUs ({min(half)}-{max(half)})")
-        for env, half, gpu in zip(envs, halves, gpus, strict=True)
-    ]
-    return placements[::-1] if swap else placements
-
-
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
     """Environment variables giving Inductor and Triton empty caches under ``folder``."""
     return {
@@ -330,9 +292,50 @@ def _fresh_compiler_caches(folder: str) -> dict[str, str]:
 class Result:
     ref: float  # median on the reference
     fl: float  # median on flagos
-    pairs: list[float]  # flagos/reference of each pair; empty where the two did not run in pairs
+    pairs: list[float]  # flagos/reference of each pair (side by side: of block medians); empty: no pairs
     first: dict[str, float]  # device -> seconds of its first call (compiled runs; compilation included)
-    together: bool = False  # run side by side in processes of their own (no pairs either)
+
+
+def train_side_by_side(elsewhere, repeats: int, config_file: str, saved: str | None):
+    """The training runs of ``elsewhere`` ((key, workload) pairs, both devices) in two processes at the same
+    time, their timed steps in turns (``_qwen3.Turns``): each device's first step and timed steps by key.
+    A run that fails stops the other's waiting."""
+    keys = [key for key, _ in elsewhere]
+    # Both saved or both run: a run kept from before would leave the other running alone.
+    reuse = bool(saved) and all(
+        os.path.exists(w.saved_path(w.saved_key(repeats, config_file, True), saved)) for _, w in elsewhere
+    )
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_turns_", dir=shm) as folder:
+
+        def run(me: int, workload):
+            try:
+                return workload.train_elsewhere(
+                    repeats, config_file, saved, dict(folder=folder, me=me, block=TURN_STEPS), reuse
+                )
+            except BaseException:
+                open(os.path.join(folder, "abort"), "w").close()
+                raise
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(run, me, w) for me, (_, w) in enumerate(elsewhere)]
+            results = [r.result() for r in runs]
+    first = {w.device: result[0] for (_, w), result in zip(elsewhere, results, strict=True)}
+    return first, dict(zip(keys, (result[1] for result in results), strict=True))
+
+
+# Steps in each turn of a side-by-side run: a block of one device's steps runs beside a block of the other's.
+TURN_STEPS = 5
+
+
+def block_pairs(ref: list[float], fl: list[float]) -> list[float]:
+    """Ratios of the two devices' block medians, block by block (the blocks of a side-by-side run)."""
+    n = min(len(ref), len(fl)) // TURN_STEPS
+    return [
+        statistics.median(fl[i * TURN_STEPS : (i + 1) * TURN_STEPS])
+        / statistics.median(ref[i * TURN_STEPS : (i + 1) * TURN_STEPS])
+        for i in range(n)
+    ]
 
 
 def measure(
@@ -342,15 +345,14 @@ def measure(
     parts: list[str],
     config_file: str,
     saved: str | None,
-    side_by_side: str | None = None,
+    side_by_side: bool = False,
 ) -> dict[str, Result]:
     """One warm-up each (two compiled), then ``repeats`` pairs of runs, one on each device back to back, the
     order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
     and each pair gives a ratio of its own. Flagos runs first, so its first compiled call is a cold one.
     Training that cannot run here (the reference on CUDA; compiled, both devices) runs in fresh processes,
-    the reference's first: no pairs then; with ``side_by_side`` (compiled; "first" or "second": where flagos
-    goes) the two processes run at the same time, each on a GPU and half the CPUs of its own
-    (:func:`side_by_side_placements`)."""
+    the reference's first: no pairs then; with ``side_by_side`` (compiled) the two processes run at the same
+    time and their timed steps take turns (:func:`train_side_by_side`), which pairs their blocks."""
     results = {}
     for workload in (ref, fl):
         workload.decode_busy.clear()  # this config's runs only
@@ -362,29 +364,9 @@ def measure(
         if name == "train":
             elsewhere = [(key, w) for key, w in workloads if not w.trains_here]
             if side_by_side:
-                placements = dict(
-                    zip(
-                        ("fl", "ref"),
-                        side_by_side_placements(ref.device, side_by_side == "second"),
-                        strict=True,
-                    )
-                )
-                for key, workload in elsewhere:
-                    print(f"  .. train on {workload.device}: {placements[key].where}", flush=True)
-                # Both saved or both run: a run kept from before would leave the other running alone.
-                reuse = bool(saved) and all(
-                    os.path.exists(w.saved_path(w.saved_key(repeats, config_file, placements[key]), saved))
-                    for key, w in elsewhere
-                )
-                with concurrent.futures.ThreadPoolExecutor(len(elsewhere)) as pool:
-                    runs = {
-                        key: pool.submit(
-                            w.train_elsewhere, repeats, config_file, saved, placements[key], reuse
-                        )
-                        for key, w in elsewhere
-                    }
-                for key, workload in elsewhere:
-                    first[workload.device], samples[key] = runs[key].result()
+                firsts, timed = train_side_by_side(elsewhere, repeats, config_file, saved)
+                first.update(firsts)
+                samples.update(timed)
             else:
                 for key, workload in elsewhere:
                     first[workload.device], samples[key] = workload.train_elsewhere(
@@ -398,25 +380,27 @@ def measure(
                     samples[key].append(value)
                 elif repeat == -warmups and fl.decode_mode:
                     first[workload.device] = workload.last_seconds
-        pairs = (
-            [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)] if len(workloads) == 2 else []
-        )
+        if len(workloads) == 2:
+            pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)]
+        elif side_by_side and name == "train":
+            pairs = block_pairs(samples["ref"], samples["fl"])
+        else:
+            pairs = []
         results[name] = Result(
             statistics.median(samples["ref"]),
             statistics.median(samples["fl"]),
             pairs,
             first,
-            together=bool(side_by_side) and name == "train",
         )
         print(f"  .. {name}: done", flush=True)
     _qwen3.let_autograd_threads_finish()
     return results
 
 
-def _paired(pairs: list[float], together: bool = False) -> str:
+def _paired(pairs: list[float]) -> str:
     """The median of the pairs' ratios and their range, or why there are none."""
     if not pairs:
-        return f"-  (run in processes of their own{', side by side' if together else ''}: no pairs)"
+        return "-  (run in processes of their own: no pairs)"
     return f"{statistics.median(pairs):.2f}  ({min(pairs):.2f}-{max(pairs):.2f} over {len(pairs)})"
 
 
@@ -465,7 +449,7 @@ def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | 
         ratio = f"{kind} {result.fl / result.ref:.2f}"
         print(
             f"  {label:26}{result.ref * scale:12.2f}{result.fl * scale:12.2f}   {ratio:<14}"
-            + _paired(result.pairs, result.together)
+            + _paired(result.pairs)
         )
     if ref_first is None:
         return
@@ -521,12 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--side-by-side",
-        nargs="?",
-        const="first",
-        choices=["first", "second"],
-        help="with --compile: the two training processes at the same time, each on a GPU (two needed "
-        "against cuda) and half the CPUs of its own; flagos on the first GPU and half (the default) or "
-        "the second",
+        action="store_true",
+        help="with --compile: the two training processes at the same time on the same GPU and CPUs, their "
+        "timed steps in turns of 5 (paired blocks)",
     )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

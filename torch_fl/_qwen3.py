@@ -446,23 +446,76 @@ def train(
 
 
 def time_train_steps(
-    master, device: str, ids: torch.Tensor, repeats: int, compile: bool = False, warmup: int = 1
+    master,
+    device: str,
+    ids: torch.Tensor,
+    repeats: int,
+    compile: bool = False,
+    warmup: int = 1,
+    turns: dict | None = None,
 ) -> list[float]:
     """Seconds of each training step (forward, backward, foreach AdamW) of a copy of ``master`` on
     ``device`` (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` steps first
-    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first."""
+    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first. With
+    ``turns`` (Turns' arguments), the timed steps take turns with another process's (at least ``repeats``).
+    """
     model = copy_to(master, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = ids.to(device)
     step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
-    times = []
-    for _ in range(repeats + warmup):
+
+    def timed_step() -> float:
         synchronize(device)
         start = time.perf_counter()
         step(ids)
         synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
+        return time.perf_counter() - start
+
+    times = [timed_step() for _ in range(warmup)]
+    if turns is not None:
+        return times + Turns(**turns).take(timed_step, repeats)
+    return times + [timed_step() for _ in range(repeats)]
+
+
+class Turns:
+    """The timed steps of two processes run at the same time (benchmarks/qwen3.py --side-by-side), taken in
+    turns: once both finished their warm-up (compilation), blocks of ``block`` steps alternate between them
+    in the order ABBA (0 1 1 0 0 1 ...), so that only one process runs at a time, on the same GPU and CPUs,
+    and the machine's drift hits both alike. They hand over through files in ``folder``: ``ready-<me>``,
+    ``done-<turn>``; ``abort`` (written by the parent when the other failed) ends the wait."""
+
+    def __init__(self, folder: str, me: int, block: int = 5, timeout_s: float = 3600.0):
+        self.folder, self.me, self.block, self.timeout_s = folder, me, block, timeout_s
+
+    @staticmethod
+    def owner(turn: int) -> int:
+        return turn % 2 if (turn // 2) % 2 == 0 else 1 - turn % 2
+
+    def _mark(self, name: str) -> None:
+        open(os.path.join(self.folder, name), "w").close()
+
+    def _wait(self, name: str) -> None:
+        path, abort = os.path.join(self.folder, name), os.path.join(self.folder, "abort")
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(path):
+            if os.path.exists(abort) or time.monotonic() > deadline:
+                raise RuntimeError(f"taking turns: the other training process never got to {name!r}")
+            time.sleep(0.002)
+
+    def take(self, timed_step, repeats: int) -> list[float]:
+        """``timed_step()``'s seconds for at least ``repeats`` steps, in this process's turns."""
+        self._mark(f"ready-{self.me}")
+        self._wait(f"ready-{1 - self.me}")
+        times = []
+        blocks = -(-repeats // self.block)
+        for turn in range(2 * blocks):
+            if self.owner(turn) != self.me:
+                continue
+            if turn > 0 and self.owner(turn - 1) != self.me:
+                self._wait(f"done-{turn - 1}")
+            times += [timed_step() for _ in range(self.block)]
+            self._mark(f"done-{turn}")
+        return times
 
 
 def time_first_calls(
