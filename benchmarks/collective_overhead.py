@@ -15,6 +15,14 @@ the rounds' ratios and the difference. Run it under ``perf record`` to see where
 
 On the simulated accelerator gloo's thread hand-off (tens of microseconds a call) dwarfs the difference;
 the figures that matter come from a GPU.
+
+``--inner fake`` measures what the flagos backend itself adds: the same calls on the backends directly
+(``allreduce``, ``_allgather_base``, ``_reduce_scatter_base``, then ``wait()``), torch's
+``FakeProcessGroup`` (which completes every call at once) on native tensors against the flagos backend
+wrapped around one on flagos tensors. No communication runs, so the difference is the wrapper's checks,
+aliases and work object alone, on any accelerator (the 2x H200 machine, 2026-11-27: none measurable).
+
+    python benchmarks/collective_overhead.py --inner fake [--n 20000]
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="rounds, the devices' order alternating")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     p.add_argument("--sizes-kib", default="1,1024", help="comma-separated tensor sizes in KiB")
+    p.add_argument(
+        "--inner",
+        choices=("real", "fake"),
+        default="real",
+        help="real: the process group's inner backend (NCCL, gloo); fake: torch's FakeProcessGroup, to "
+        "time the flagos backend's own work",
+    )
     args = p.parse_args(argv)
     args.ops = [op for op in args.ops.split(",") if op]
     unknown = [op for op in args.ops if op not in OPS]
@@ -75,6 +90,28 @@ def call_of(op: str, numel: int, device: torch.device):
     return lambda: reduce_scatter(out, inp)
 
 
+def backend_call_of(op: str, numel: int, device: torch.device, backend):
+    """The collective on ``backend`` itself (no process group in between), waited for."""
+    inp = torch.ones(numel, device=device)
+    out = torch.empty(numel, device=device)
+    if op == "all_reduce":
+        return lambda: backend.allreduce([inp]).wait()
+    if op == "all_gather":
+        return lambda: backend._allgather_base(out, inp).wait()
+    return lambda: backend._reduce_scatter_base(out, inp).wait()
+
+
+def fake_backends() -> dict:
+    """name -> (device, a backend of world size 1 over torch's FakeProcessGroup): the fake group itself
+    for native tensors, the flagos backend around another for flagos tensors."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    wrapped = torch_fl._C._FlagosBackend(
+        FakeProcessGroup._create_internal(0, 1), 0, 1, native_avg_and_premul=True, check_across_ranks=False
+    )
+    return {"native": FakeProcessGroup._create_internal(0, 1), "flagos": wrapped}
+
+
 def us_per_call(call, device: torch.device, n: int) -> float:
     call()
     synchronize(device)
@@ -97,9 +134,13 @@ def main(argv=None) -> int:
     else:
         devices["native"] = torch.device("cpu")
         backends = "cpu:gloo,flagos:flagos"
-    dist.init_process_group(backends, store=dist.HashStore(), rank=0, world_size=1)
+    fakes = fake_backends() if args.inner == "fake" else None
+    if fakes is None:
+        dist.init_process_group(backends, store=dist.HashStore(), rank=0, world_size=1)
     try:
         inner = "NCCL" if native == "cuda" else "gloo"
+        if fakes is not None:
+            inner = "FakeProcessGroup, called on the backends directly"
         print(
             f"torch {torch.__version__}, flagos on {native!r} (inner backend {inner}), world size 1, "
             f"{args.n} calls a loop, {args.repeats} rounds; us per call, medians"
@@ -108,7 +149,10 @@ def main(argv=None) -> int:
         for op in args.ops:
             for nbytes in args.sizes:
                 numel = max(1, nbytes // 4)
-                calls = {name: call_of(op, numel, d) for name, d in devices.items()}
+                if fakes is None:
+                    calls = {name: call_of(op, numel, d) for name, d in devices.items()}
+                else:
+                    calls = {name: backend_call_of(op, numel, d, fakes[name]) for name, d in devices.items()}
                 times = {name: [] for name in devices}
                 for r in range(args.repeats):
                     order = ["flagos", "native"] if r % 2 == 0 else ["native", "flagos"]
@@ -121,7 +165,8 @@ def main(argv=None) -> int:
                 size = f"{nbytes // 1024} KiB" if nbytes >= 1024 else f"{nbytes} B"
                 print(f"{op:16s} {size:>9s} {ref:9.2f} {flagos:9.2f} {ratio:7.3f} {flagos - ref:8.2f}")
     finally:
-        dist.destroy_process_group()
+        if fakes is None:
+            dist.destroy_process_group()
     return 0
 
 

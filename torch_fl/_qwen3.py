@@ -630,7 +630,6 @@ def run_in_clean_process(
     env: dict | None = None,
     with_torch_fl: bool = False,
     timeout: float | None = None,
-    cpus: set[int] | None = None,
     **kwargs,
 ):
     """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
@@ -640,8 +639,7 @@ def run_in_clean_process(
     Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
     where there is one. ``env`` adds environment variables for the child. The child's output goes to this
     process's stderr; a failure raises RuntimeError with the child's exit code, and so does a child still
-    running after ``timeout`` seconds (it is killed). ``cpus`` pins the child to those CPUs (set right
-    after it is started; threads and processes it makes later inherit it)."""
+    running after ``timeout`` seconds (it is killed)."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
         request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
@@ -651,8 +649,6 @@ def run_in_clean_process(
             [*command, "1" if with_torch_fl else "0"], stdout=sys.stderr, env={**os.environ, **(env or {})}
         ) as proc:
             try:
-                if cpus:
-                    os.sched_setaffinity(proc.pid, cpus)
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()

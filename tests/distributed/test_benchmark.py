@@ -112,9 +112,39 @@ def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips w
         assert float(diff) == pytest.approx(float(flagos) - float(native), abs=0.02)
 
 
+def test_collective_overhead_against_a_fake_inner_backend(launch):
+    """--inner fake: the backends called directly, torch's FakeProcessGroup against the flagos backend
+    wrapped around one (what the wrapper itself costs a call); no process group, no communication."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env.update(FLAGOS_ACCELERATOR="sim", OMP_NUM_THREADS="1")
+    args = [
+        "--inner",
+        "fake",
+        "--n",
+        "50",
+        "--repeats",
+        "2",
+        "--sizes-kib",
+        "1",
+        "--ops",
+        "all_reduce,all_gather",
+    ]
+    proc = subprocess.run(
+        [sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "(inner backend FakeProcessGroup, called on the backends directly)" in proc.stdout, proc.stdout
+    rows = [
+        line.split() for line in proc.stdout.splitlines() if line.startswith(("all_reduce", "all_gather"))
+    ]
+    assert [r[0] for r in rows] == ["all_reduce", "all_gather"], proc.stdout
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), proc.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--inner", "none"], "--inner: invalid choice: 'none'"),
         (["--ops", "all_reduce,broadcast"], "--ops: unknown broadcast; valid: all_reduce, all_gather"),
         (["--sizes-kib", "1,big"], "--sizes-kib: '1,big' is not a comma-separated list of numbers"),
         (["--sizes-kib", "0.001"], "--sizes-kib: give at least one size of 4 bytes or more"),
