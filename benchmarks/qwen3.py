@@ -25,7 +25,8 @@ call of each, compilation included, with empty Inductor and Triton caches on eac
 starts with empty caches and flagos runs first; the reference's first prefill and decode run in a fresh
 process of their own before (in this one it would find flagos's kernels compiled: the same Triton or C++
 source), in the same order; compiled training runs in a fresh process per device (the reference's never
-imports torch_fl), whose first step is its first call, and which times at least 20 steps (no pairs there).
+imports torch_fl), whose first step is its first call, and which times at least 20 steps (no pairs there
+but with ``--side-by-side``).
 First calls are reported for the first config only.
 Inductor has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's
 compiled prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which
