@@ -250,7 +250,12 @@ def test_turns_alternate_blocks(tmp_path):
     )
     here = os.path.dirname(_qwen3.__file__)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(me), here]) for me in (0, 1)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    try:
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:  # a hung partner is not left behind
+            p.kill()
+            p.wait()
     events = (tmp_path / "log").read_text().split()
     owners = [int(events[i]) for i in range(0, len(events), 4)]  # each step: "me start me end"
     assert events[1::4] == ["start"] * 12 and events[3::4] == ["end"] * 12, events
