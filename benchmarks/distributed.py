@@ -4,6 +4,7 @@ bandwidth, one process per device (docs/distributed.md, figures in docs/performa
     python benchmarks/distributed.py                          # both parts, one rank per visible GPU
     python benchmarks/distributed.py --parts train --steps 20 --strategies ddp,fsdp2
     python benchmarks/distributed.py --parts collectives --min-mib 1 --max-mib 1024
+    python benchmarks/distributed.py --parts train --steps 45 --side-by-side
 
 The native device is CUDA (NCCL) where flagos is backed by CUDA, else the CPU (gloo), which the simulated
 accelerator's flagos memory is.
@@ -17,6 +18,12 @@ accelerator's flagos memory is.
   is bound by the host, not the device. Each launch's figures print as it ends. ``--host-diff N`` profiles
   two more steps of each launch on rank 0 (host activity) and lists the N events whose self host time per
   step is most above the reference's: where a host-bound flagos step's extra time goes.
+  ``--side-by-side`` launches both devices' runs at the same time, on the same devices and CPUs; after
+  ``--warmup`` their steps take turns in blocks of 5 (flagos, the reference, the reference, flagos, ...:
+  ``_qwen3.Turns``), so that one runs at a time and a drift of the machine hits both alike, and each block
+  is paired with the other device's beside it (paired blocks: the median of their ratios; the run fails if
+  two timed steps overlapped). Host-bound steps moved by 20-30% from one launch to the next on the lent GPU
+  machines, more than a few launches in turn average away.
 - ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
@@ -33,6 +40,7 @@ torchrun is told to stop its ranks and whatever is left is killed; a SIGTERM to 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import signal
@@ -71,6 +79,12 @@ def parse_args(argv=None):
         help="train: profile 2 more steps of each launch (host activity, rank 0) and list the N events whose "
         "self host time per step flagos exceeds the reference's most",
     )
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="train: launch flagos and the reference at the same time on the same devices, their steps after "
+        "--warmup taken in turns of 5 (ABBA), and pair each block with the other's",
+    )
     p.add_argument("--min-mib", type=float, default=1.0)
     p.add_argument("--max-mib", type=float, help="default: 1024 on GPUs, 64 otherwise")
     p.add_argument("--repeats", type=int, default=3)
@@ -95,6 +109,12 @@ def parse_args(argv=None):
         p.error(f"sizes must satisfy 0 < --min-mib <= --max-mib, got {args.min_mib} and {args.max_mib}")
     if args.host_diff < 0:
         p.error(f"--host-diff must be 0 (off) or more, got {args.host_diff}")
+    if args.side_by_side and (args.steps - args.warmup) % 5:
+        p.error(
+            f"--side-by-side: the steps after --warmup ({args.steps} - {args.warmup}) must be whole turns of 5"
+        )
+    if args.side_by_side and args.host_diff:
+        p.error("--side-by-side and --host-diff: the profiled steps would run beside the other launch's")
     if args.min_seconds <= 0:
         p.error(f"--min-seconds must be positive, got {args.min_seconds}")
     if args.world_size is not None and args.world_size < 1:
@@ -179,6 +199,12 @@ def stop_launcher(proc: subprocess.Popen, grace_s: float = 60) -> str:
     return output or ""
 
 
+def block_pairs(reference: list[float], flagos: list[float]) -> list[float]:
+    from torch_fl import _qwen3  # the parent imports torch_fl; the reference's ranks never do
+
+    return _qwen3.Turns.block_pairs(reference, flagos)
+
+
 def loss_rtol(mixed_precision: bool) -> float:
     """torch_fl._qwen3's training-loss tolerance for the dtype the model trains in."""
     import torch
@@ -208,36 +234,86 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
     host_time_diff.print_table(rows, n, prefix="#   ")
 
 
+def launch(args, world_size: int, strategy: str, device: str, turns: str | None = None) -> dict:
+    """One torchrun of the example: rank 0's results. ``turns``: FOLDER:ME of a side-by-side launch."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    try:
+        script = [EXAMPLE, "--device", device, "--strategy", strategy, "--steps", str(args.steps)]
+        script += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--results", path]
+        if args.shape:
+            script += ["--shape", args.shape]
+        if args.host_diff:
+            script += ["--profile-steps", str(PROFILED_STEPS)]
+        if turns:
+            script += ["--turns", turns, "--untimed", str(args.warmup)]
+        torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+
+
+def launch_both(args, world_size: int, strategy: str, order: list[str]) -> list[tuple[str, dict]]:
+    """A launch on each device of ``order``: one after the other, or with ``--side-by-side`` both at once,
+    their timed steps in turns (the first of ``order`` first). A launch that fails ends the other's
+    waiting for its turn."""
+    if not args.side_by_side:
+        return [(device, launch(args, world_size, strategy, device)) for device in order]
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="torch_fl_distributed_turns_", dir=shm) as folder:
+
+        def run(me: int, device: str) -> dict:
+            try:
+                return launch(args, world_size, strategy, device, f"{folder}:{me}")
+            except BaseException:
+                open(os.path.join(folder, "abort"), "w").close()
+                raise
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(run, me, device) for me, device in enumerate(order)]
+            launched = [(device, future.result()) for device, future in zip(order, futures, strict=True)]
+    overlap = overlapping_steps(launched, args.warmup)
+    if overlap:  # the turns are the measurement
+        raise SystemExit(f"{strategy}: {overlap}")
+    return launched
+
+
+def overlapping_steps(launched: list[tuple[str, dict]], warmup: int) -> str | None:
+    """What overlapped, where a timed step (from ``warmup`` on) of one launch ran while one of the other
+    did, from their ``step_spans``; None where none did. Each launch's own steps run one after another, so
+    a step that overlaps the other launch's overlaps the next one to start after it."""
+    timed = sorted(
+        (start, end, device, step)
+        for device, run in launched
+        for step, (start, end) in enumerate(run["step_spans"])
+        if step >= warmup
+    )
+    for (_, end, first, i), (start, _, second, j) in zip(timed, timed[1:], strict=False):
+        if first != second and start < end:
+            return (
+                f"step {j} on {second} began while step {i} on {first} ran: the launches did not take turns"
+            )
+    return None
+
+
 def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
     rows, all_equal = [], True
     for strategy in args.strategies:
         runs = {"flagos": [], native: []}
         for repeat in range(args.repeats):
-            # Alternating which device goes first, so that a drift of the machine hits both alike.
+            # Alternating which device goes (or takes its turn) first, so that a drift of the machine hits
+            # both alike.
             order = ["flagos", native] if repeat % 2 == 0 else [native, "flagos"]
-            for device in order:
-                with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-                    path = f.name
-                try:
-                    script = [EXAMPLE, "--device", device, "--strategy", strategy, "--steps", str(args.steps)]
-                    script += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--results", path]
-                    if args.shape:
-                        script += ["--shape", args.shape]
-                    if args.host_diff:
-                        script += ["--profile-steps", str(PROFILED_STEPS)]
-                    torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
-                    with open(path) as f:
-                        runs[device].append(json.load(f))
-                    # Each launch's figure as it comes: a run cut by a time limit still shows what it measured.
-                    run = runs[device][-1]
-                    print(
-                        f"# {strategy} on {device}, run {repeat + 1}: median step "
-                        f"{statistics.median(run['step_seconds'][args.warmup :]) * 1e3:.1f} ms, of which "
-                        f"queuing it on the host {statistics.median(run['issue_seconds'][args.warmup :]) * 1e3:.1f}",
-                        flush=True,
-                    )
-                finally:
-                    os.unlink(path)
+            for device, run in launch_both(args, world_size, strategy, order):
+                runs[device].append(run)
+                # Each launch's figure as it comes: a run cut by a time limit still shows what it measured.
+                print(
+                    f"# {strategy} on {device}, run {repeat + 1}: median step "
+                    f"{statistics.median(run['step_seconds'][args.warmup :]) * 1e3:.1f} ms, of which "
+                    f"queuing it on the host {statistics.median(run['issue_seconds'][args.warmup :]) * 1e3:.1f}",
+                    flush=True,
+                )
         flagos, reference = runs["flagos"], runs[native]
         if reference[0]["imported_torch_fl"]:
             raise SystemExit(f"the {native} reference imported torch_fl: it is not a plain PyTorch run")
@@ -279,6 +355,17 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                     / statistics.median(b["step_seconds"][args.warmup :])
                     for a, b in zip(flagos, reference, strict=True)
                 ],
+                # Side by side: each block of flagos's timed steps against the reference's block that ran
+                # right before or after it.
+                block_ratios=[
+                    ratio
+                    for a, b in zip(flagos, reference, strict=True)
+                    for ratio in block_pairs(
+                        b["step_seconds"][args.warmup :], a["step_seconds"][args.warmup :]
+                    )
+                ]
+                if args.side_by_side
+                else [],
                 max_loss_rel_diff=max(differences),
                 reference_loss_rel_spread=reference_spread,
                 loss_rtol=tolerance,
@@ -292,14 +379,20 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
     )
     print(
         "| strategy | shape | ranks | flagos ms | reference ms | flagos / reference | per run "
-        "| host queuing ms, flagos / reference | max loss diff | within |"
+        "| paired blocks: median (range, pairs) | host queuing ms, flagos / reference | max loss diff | within |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        pairs = r["block_ratios"]
+        paired = (
+            f"{statistics.median(pairs):.3f} ({min(pairs):.2f}-{max(pairs):.2f}, {len(pairs)})"
+            if pairs
+            else "-"
+        )
         print(
             f"| {r['strategy']} | {r['shape']} | {r['world_size']} | {r['flagos_step_ms']:.1f} "
             f"| {r['reference_step_ms']:.1f} | **{r['time_ratio']:.3f}** "
-            f"| {', '.join(f'{x:.3f}' for x in r['per_run_ratios'])} "
+            f"| {', '.join(f'{x:.3f}' for x in r['per_run_ratios'])} | {paired} "
             f"| {r['flagos_issue_ms']:.1f} / {r['reference_issue_ms']:.1f} | {r['max_loss_rel_diff']:.2e} "
             f"| {'yes' if r['losses_equal'] else 'NO'} (rtol {r['loss_rtol']:g}) |"
         )

@@ -312,7 +312,7 @@ def train_side_by_side(elsewhere, repeats: int, config_file: str, saved: str | N
         def run(me: int, workload):
             try:
                 return workload.train_elsewhere(
-                    repeats, config_file, saved, dict(folder=folder, me=me, block=TURN_STEPS), reuse
+                    repeats, config_file, saved, dict(folder=folder, me=me), reuse
                 )
             except BaseException:
                 open(os.path.join(folder, "abort"), "w").close()
@@ -323,20 +323,6 @@ def train_side_by_side(elsewhere, repeats: int, config_file: str, saved: str | N
             results = [r.result() for r in runs]
     first = {w.device: result[0] for (_, w), result in zip(elsewhere, results, strict=True)}
     return first, dict(zip(keys, (result[1] for result in results), strict=True))
-
-
-# Steps in each turn of a side-by-side run: a block of one device's steps runs beside a block of the other's.
-TURN_STEPS = 5
-
-
-def block_pairs(ref: list[float], fl: list[float]) -> list[float]:
-    """Ratios of the two devices' block medians, block by block (the blocks of a side-by-side run)."""
-    n = min(len(ref), len(fl)) // TURN_STEPS
-    return [
-        statistics.median(fl[i * TURN_STEPS : (i + 1) * TURN_STEPS])
-        / statistics.median(ref[i * TURN_STEPS : (i + 1) * TURN_STEPS])
-        for i in range(n)
-    ]
 
 
 def measure(
@@ -384,7 +370,7 @@ def measure(
         if len(workloads) == 2:
             pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)]
         elif side_by_side and name == "train":
-            pairs = block_pairs(samples["ref"], samples["fl"])
+            pairs = _qwen3.Turns.block_pairs(samples["ref"], samples["fl"])
         else:
             pairs = []
         results[name] = Result(

@@ -12,7 +12,9 @@ architecture (random weights, nothing downloaded) on GPUs, trained in bfloat16 m
 compared with (benchmarks/distributed.py): such a process never imports torch_fl, so it is plain PyTorch
 (a CUDA backward cannot run in a process that imported torch_fl, pytorch#161129). ``--results FILE``
 writes rank 0's losses and step times as JSON; ``--profile-steps N`` adds N steps profiled on rank 0
-(each event's self host time, benchmarks/distributed.py --host-diff). Needs Hugging Face transformers.
+(each event's self host time, benchmarks/distributed.py --host-diff). ``--turns FOLDER:ME`` runs the
+steps after the first ``--untimed`` in turns with another launch (benchmarks/distributed.py
+--side-by-side). Needs Hugging Face transformers.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 
-def parse_args():
+def parse_args(turn_block: int):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
     p.add_argument("--device", choices=["flagos", "cuda", "cpu"], default="flagos")
@@ -45,7 +47,24 @@ def parse_args():
         help="after the timed steps, this many more under the profiler (host activity, rank 0): each event's "
         "calls and self host time go into --results",
     )
+    p.add_argument(
+        "--turns",
+        metavar="FOLDER:ME",
+        help="take the steps after --untimed in turns with another launch given FOLDER and the other ME "
+        f"(0 or 1), in blocks of {turn_block} (benchmarks/distributed.py --side-by-side)",
+    )
+    p.add_argument("--untimed", type=int, default=0, help="with --turns: steps run before the turns begin")
     args = p.parse_args()
+    if args.turns:
+        folder, _, me = args.turns.rpartition(":")
+        if not folder or me not in ("0", "1"):
+            p.error(f"--turns takes FOLDER:ME with ME 0 or 1, got {args.turns!r}")
+        if not 0 <= args.untimed < args.steps or (args.steps - args.untimed) % turn_block:
+            p.error(
+                f"--turns: the steps after --untimed ({args.steps} - {args.untimed}) must be whole turns "
+                f"of {turn_block}"
+            )
+        args.turns = (folder, int(me))
     for name in ("steps", "batch", "seq_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -150,8 +169,8 @@ def profile_host(args, rank: int, train_step) -> dict | None:
 
 
 def main() -> None:
-    args = parse_args()
     qwen3 = load_qwen3_helpers()
+    args = parse_args(qwen3.Turns.BLOCK)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device, on_gpu = set_up(args.device, local_rank)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -183,14 +202,30 @@ def main() -> None:
         mean_loss = total.item() / world  # .item() waits for the step's device work
         return mean_loss, issued, time.perf_counter() - start
 
-    losses, seconds, issue_seconds = [], [], []
-    for step in range(args.steps):
+    losses, seconds, issue_seconds, spans = [], [], [], []
+    steps = iter(range(args.steps))
+
+    def record_step():
+        step = next(steps)
+        began = time.monotonic()  # one clock for every process of the host: launches side by side compare
         loss, issued, took = train_step(step)
+        spans.append((began, time.monotonic()))
         losses.append(loss)
         issue_seconds.append(issued)
         seconds.append(took)
         if rank == 0:
             print(f"step {step}: loss {loss:.4f} (mean over ranks), {took * 1e3:.0f} ms")
+
+    if args.turns:
+        # Every rank waits for its side's turn; rank 0 hands the turns over, after its step has read the
+        # loss back, so the whole launch is idle while the other side runs.
+        for _ in range(args.untimed):
+            record_step()
+        turns = qwen3.Turns(*args.turns, marks=rank == 0)
+        turns.take(record_step, args.steps - args.untimed)
+    else:
+        for _ in range(args.steps):
+            record_step()
     host_profile = profile_host(args, rank, train_step) if args.profile_steps else None
 
     if rank == 0 and args.results:
@@ -204,6 +239,7 @@ def main() -> None:
             losses=losses,
             step_seconds=seconds,
             issue_seconds=issue_seconds,
+            step_spans=spans,
             imported_torch_fl="torch_fl" in sys.modules,
             host_profile=host_profile,
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -478,44 +479,62 @@ def time_train_steps(
 
 
 class Turns:
-    """The timed steps of two processes run at the same time (benchmarks/qwen3.py --side-by-side), taken in
-    turns: once both finished their warm-up (compilation), blocks of ``block`` steps alternate between them
-    in the order ABBA (0 1 1 0 0 1 ...), so that only one process runs at a time, on the same GPU and CPUs,
-    and the machine's drift hits both alike. They hand over through files in ``folder``: ``ready-<me>``,
-    ``done-<turn>``; ``abort`` (written by the parent when the other failed) ends the wait."""
+    """The timed steps of two processes run at the same time (benchmarks/qwen3.py and
+    benchmarks/distributed.py with --side-by-side), taken in turns: once both finished their warm-up
+    (compilation, the first steps), blocks of ``block`` steps alternate between them in the order ABBA
+    (0 1 1 0 0 1 ...), so that only one process runs at a time, on the same GPU and CPUs, and the machine's
+    drift hits both alike. They hand over through files in ``folder``: ``ready-<me>``, ``done-<turn>``;
+    ``abort`` (written by the parent when the other failed) ends the wait. A launch of several ranks is one
+    side: each of its ranks waits, and only the one with ``marks`` writes its side's files."""
 
-    def __init__(self, folder: str, me: int, block: int = 5, timeout_s: float = 3600.0):
-        self.folder, self.me, self.block, self.timeout_s = folder, me, block, timeout_s
+    BLOCK = 5
+
+    def __init__(
+        self, folder: str, me: int, block: int = BLOCK, timeout_s: float = 3600.0, marks: bool = True
+    ):
+        self.folder, self.me, self.block, self.timeout_s, self.marks = folder, me, block, timeout_s, marks
 
     @staticmethod
     def owner(turn: int) -> int:
         return turn % 2 if (turn // 2) % 2 == 0 else 1 - turn % 2
 
+    @staticmethod
+    def block_pairs(ref: list[float], fl: list[float], block: int = BLOCK) -> list[float]:
+        """Ratios of two sides' block medians, block by block: the i-th blocks of the two sides ran one
+        right after the other."""
+        n = min(len(ref), len(fl)) // block
+        return [
+            statistics.median(fl[i * block : (i + 1) * block])
+            / statistics.median(ref[i * block : (i + 1) * block])
+            for i in range(n)
+        ]
+
     def _mark(self, name: str) -> None:
-        open(os.path.join(self.folder, name), "w").close()
+        if self.marks:
+            open(os.path.join(self.folder, name), "w").close()
 
     def _wait(self, name: str) -> None:
         path, abort = os.path.join(self.folder, name), os.path.join(self.folder, "abort")
         deadline = time.monotonic() + self.timeout_s
         while not os.path.exists(path):
             if os.path.exists(abort) or time.monotonic() > deadline:
-                raise RuntimeError(f"taking turns: the other training process never got to {name!r}")
+                raise RuntimeError(f"taking turns: the other side never got to {name!r}")
             time.sleep(0.002)
 
-    def take(self, timed_step, repeats: int) -> list[float]:
-        """``timed_step()``'s seconds for at least ``repeats`` steps, in this process's turns."""
+    def take(self, timed_step, repeats: int) -> list:
+        """``timed_step()``'s results for at least ``repeats`` steps (whole blocks), in this side's turns."""
         self._mark(f"ready-{self.me}")
         self._wait(f"ready-{1 - self.me}")
-        times = []
+        results = []
         blocks = -(-repeats // self.block)
         for turn in range(2 * blocks):
             if self.owner(turn) != self.me:
                 continue
             if turn > 0 and self.owner(turn - 1) != self.me:
                 self._wait(f"done-{turn - 1}")
-            times += [timed_step() for _ in range(self.block)]
+            results += [timed_step() for _ in range(self.block)]
             self._mark(f"done-{turn}")
-        return times
+        return results
 
 
 def time_first_calls(

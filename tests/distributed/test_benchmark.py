@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.distributed import run_stoppably
+from benchmarks.distributed import overlapping_steps, run_stoppably
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
@@ -156,6 +156,36 @@ def test_collective_overhead_bad_arguments_are_named(args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+def test_side_by_side_launches_take_turns(launch, tmp_path):
+    """--side-by-side: flagos and the CPU reference launched at once; after the warm-up step their steps
+    take turns (the benchmark fails if two overlapped), and each block of 5 is paired with the other's."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "train.json"
+    args = ["--parts", "train", "--strategies", "ddp", "--steps", "11", "--warmup", "1", "--seq-len", "32"]
+    proc = run_benchmark(
+        [*args, "--repeats", "2", "--side-by-side", "--json", str(out)], accelerator="sim", timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    (row,) = json.loads(out.read_text())["train"]
+    assert row["losses_equal"] and len(row["flagos_losses"]) == 11
+    assert len(row["block_ratios"]) == 4 and all(r > 0 for r in row["block_ratios"])  # 2 blocks, 2 runs
+    assert len(row["per_run_ratios"]) == 2
+    assert ", 4) |" in proc.stdout  # the table's paired column: median (range, pairs)
+
+
+def test_overlapping_timed_steps_are_found():
+    def run(*spans):
+        return {"step_spans": list(spans)}
+
+    apart = [("flagos", run((0, 1), (1, 2), (2, 3))), ("cpu", run((0.5, 1.5), (3, 4), (4, 5)))]
+    assert overlapping_steps(apart, warmup=1) is None  # the warm-up steps ran together: not counted
+    message = overlapping_steps(apart, warmup=0)
+    assert message == "step 0 on cpu began while step 0 on flagos ran: the launches did not take turns"
+    # One long step of one launch across a later step of the other.
+    inside = [("flagos", run((0, 1), (1, 9))), ("cpu", run((0, 1), (2, 3)))]
+    assert "step 1 on cpu began while step 1 on flagos ran" in overlapping_steps(inside, warmup=1)
+
+
 def _running(fragment: str) -> list[str]:
     """Command lines of the processes running that contain ``fragment``."""
     found = []
@@ -189,6 +219,8 @@ def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
         (["--min-mib", "8", "--max-mib", "2"], "0 < --min-mib <= --max-mib"),
         (["--host-diff", "-1"], "--host-diff must be 0 (off) or more, got -1"),
         (["--min-seconds", "0"], "--min-seconds must be positive, got 0.0"),
+        (["--side-by-side", "--steps", "8", "--warmup", "1"], "must be whole turns of 5"),
+        (["--side-by-side", "--host-diff", "3"], "the profiled steps would run beside the other launch's"),
     ],
 )
 def test_bad_arguments_are_named(args, message):
