@@ -19,10 +19,10 @@
 #   scripts/gpu/all.sh compile-time   # benchmarks/compile_time.py: where flagos's compile time goes beyond
 #                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
 #   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): collective bandwidth 1 MiB-1 GiB, the
-#                               # distributed suite on NCCL, then DDP and FSDP2 Qwen3-0.6B 20 steps against
-#                               # cuda (benchmarks/distributed.py), one launch each; MULTI_GPU_PARTS=train
-#                               # DIST_REPEATS=3 DIST_HOST_DIFF=0: training alone, medians over three
-#                               # launches each (~12 launches of ~40 s: the limit of one call)
+#                               # distributed suite on NCCL, then DDP and FSDP2 Qwen3-0.6B against cuda
+#                               # (benchmarks/distributed.py --side-by-side: 60 steps each in turns), one
+#                               # pair of launches each; MULTI_GPU_PARTS=train DIST_REPEATS=2: training
+#                               # alone, two pairs each (~5 minutes)
 #
 # The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
 # log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
@@ -169,7 +169,7 @@ if [ "$mode" = multi-gpu ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   # MULTI_GPU_PARTS (default "collectives tests train") picks parts: "train" alone leaves the whole call
-  # to DIST_REPEATS=3 (medians over launches, ~12 launches of ~40 s).
+  # to the training (DIST_REPEATS=2: ~5 minutes, two pairs of launches of each strategy).
   parts=${MULTI_GPU_PARTS:-collectives tests train}
   echo "== [$SECONDS s] $gpus GPUs: $parts"
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
@@ -188,11 +188,17 @@ if [ "$mode" = multi-gpu ]; then
   fi
   [[ " $parts " == *" train "* ]] || { echo "== [$SECONDS s] done"; exit 0; }
   # DDP and FSDP2 of Qwen3-0.6B, 2x512 tokens a rank (DIST_TRAIN_ARGS="--batch 8 --seq-len 1024" for the
-  # larger size): a flagos and a cuda launch of each (~40 s a launch; DIST_REPEATS=2 needs the time of the
-  # tests above: run it in a call of its own); --host-diff: where flagos's host time per step goes beyond
-  # cuda's.
+  # larger size), flagos and cuda launched side by side, 60 timed steps each in turns (~70 s a pair of
+  # launches; DIST_REPEATS=2 needs the time of the tests above: run it in a call of its own).
+  # DIST_HOST_DIFF=N launches them one after the other instead (20 steps) and lists the N events where
+  # flagos's host time per step goes beyond cuda's.
   echo "== [$SECONDS s] training"
-  timeout $(left 585) python3 benchmarks/distributed.py --parts train --repeats ${DIST_REPEATS:-1} --host-diff ${DIST_HOST_DIFF:-15} \
+  if [ "${DIST_HOST_DIFF:-0}" -gt 0 ]; then
+    how=(--steps 20 --host-diff "$DIST_HOST_DIFF")
+  else
+    how=(--steps 65 --side-by-side)
+  fi
+  timeout $(left 585) python3 benchmarks/distributed.py --parts train --repeats ${DIST_REPEATS:-1} "${how[@]}" \
     ${DIST_TRAIN_ARGS:-} --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
     | grep -E "^\||^#|losses|FAILED|Error|exit code|stopped" | head -80
   echo "== [$SECONDS s] done"
