@@ -109,10 +109,14 @@ def parse_args(argv=None):
         p.error(f"sizes must satisfy 0 < --min-mib <= --max-mib, got {args.min_mib} and {args.max_mib}")
     if args.host_diff < 0:
         p.error(f"--host-diff must be 0 (off) or more, got {args.host_diff}")
-    if args.side_by_side and (args.steps - args.warmup) % 5:
-        p.error(
-            f"--side-by-side: the steps after --warmup ({args.steps} - {args.warmup}) must be whole turns of 5"
-        )
+    if args.side_by_side:
+        from torch_fl._qwen3 import Turns  # the parent imports torch_fl; the reference's ranks never do
+
+        if (args.steps - args.warmup) % Turns.BLOCK:
+            p.error(
+                f"--side-by-side: the steps after --warmup ({args.steps} - {args.warmup}) must be whole "
+                f"turns of {Turns.BLOCK}"
+            )
     if args.side_by_side and args.host_diff:
         p.error("--side-by-side and --host-diff: the profiled steps would run beside the other launch's")
     if args.min_seconds <= 0:
