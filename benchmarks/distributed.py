@@ -23,7 +23,10 @@ accelerator's flagos memory is.
   ``_qwen3.Turns``), so that one runs at a time and a drift of the machine hits both alike, and each block
   is paired with the other device's beside it (paired blocks: the median of their ratios; the run fails if
   two timed steps overlapped). Host-bound steps moved by 20-30% from one launch to the next on the lent GPU
-  machines, more than a few launches in turn average away.
+  machines, more than a few launches in turn average away. ``--bind-cpus`` (default ``numa`` on GPUs)
+  runs each local rank of both devices on the same CPUs: an equal share of its GPU's NUMA node's
+  (``numa``), of this process's (``split``), or wherever the OS places it (``off``): a host-bound step's time follows where the OS put
+  its threads, so unbound launches compare placements as much as devices.
 - ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.
@@ -84,6 +87,12 @@ def parse_args(argv=None):
         action="store_true",
         help="train: launch flagos and the reference at the same time on the same devices, their steps after "
         "--warmup taken in turns of 5 (ABBA), and pair each block with the other's",
+    )
+    p.add_argument(
+        "--bind-cpus",
+        choices=["numa", "split", "off"],
+        help="train: the CPUs each local rank runs on, the same for both devices: an equal share of its GPU's "
+        "NUMA node's or of this process's, or anywhere (default: numa on GPUs, else off)",
     )
     p.add_argument("--min-mib", type=float, default=1.0)
     p.add_argument("--max-mib", type=float, help="default: 1024 on GPUs, 64 otherwise")
@@ -238,6 +247,82 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
     host_time_diff.print_table(rows, n, prefix="#   ")
 
 
+def cpu_ranges(cpus: list[int]) -> str:
+    """``cpus`` as taskset -c writes them: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def gpu_numa_node(index: int) -> int:
+    """The NUMA node of CUDA device ``index`` (the PCI device's in sysfs), -1 where none is known."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    try:
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        with open(f"/sys/bus/pci/devices/{address}/numa_node") as f:
+            return int(f.read())
+    except (AttributeError, OSError, ValueError):
+        return -1
+
+
+def node_cpus(node: int) -> set[int]:
+    """The CPUs of NUMA node ``node`` (sysfs), none where it is unknown (-1) or unreadable."""
+    if node < 0:
+        return set()
+    try:
+        with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
+            return load_example().cpu_list(f.read().strip())
+    except (OSError, ValueError):
+        return set()
+
+
+def rank_cpus(mode: str, world_size: int) -> list[list[int]] | None:
+    """The CPUs each local rank runs on (``--bind-cpus``), None where the OS places the ranks. Ranks whose
+    GPUs share a NUMA node (``numa``), or all ranks (``split``), divide its CPUs into equal shares, in rank
+    order, as torchrun's ``--numa-binding exclusive`` does."""
+    if mode == "off":
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if mode == "split":
+        pools = [allowed] * world_size
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--bind-cpus numa: no CUDA GPU, so no NUMA node to bind to (split or off)")
+        pools = []
+        for index in range(world_size):
+            cpus = sorted(node_cpus(gpu_numa_node(index)) & set(allowed))
+            pools.append(cpus or allowed)  # no node known, or none of its CPUs allowed here: every CPU
+    shares = []
+    for rank, pool in enumerate(pools):
+        sharing = [other for other, p in enumerate(pools) if p == pool]
+        size = len(pool) // len(sharing)
+        if size == 0:
+            raise SystemExit(
+                f"--bind-cpus {mode}: {len(pool)} CPU(s) cannot be shared by {len(sharing)} ranks"
+            )
+        k = sharing.index(rank)
+        shares.append(pool[k * size : (k + 1) * size])
+    return shares
+
+
+def load_example():
+    """The training example as a module (its CPU-list parser)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_qwen3_distributed", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def launch(args, world_size: int, strategy: str, device: str, turns: str | None = None) -> dict:
     """One torchrun of the example: rank 0's results. ``turns``: FOLDER:ME of a side-by-side launch."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -251,6 +336,8 @@ def launch(args, world_size: int, strategy: str, device: str, turns: str | None 
             script += ["--profile-steps", str(PROFILED_STEPS)]
         if turns:
             script += ["--turns", turns, "--untimed", str(args.warmup)]
+        if args.rank_cpus:
+            script += ["--cpus", ":".join(cpu_ranges(cpus) for cpus in args.rank_cpus)]
         torchrun(world_size, script, args.timeout, f"{strategy} on {device}")
         with open(path) as f:
             return json.load(f)
@@ -349,6 +436,7 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                 world_size=world_size,
                 flagos_on=flagos[0]["on"],
                 reference_on=reference[0]["on"],
+                rank0_cpus=cpu_ranges(flagos[0]["cpus"]),
                 flagos_step_ms=f_ms,
                 reference_step_ms=r_ms,
                 time_ratio=f_ms / r_ms,
@@ -401,7 +489,7 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
             f"| {'yes' if r['losses_equal'] else 'NO'} (rtol {r['loss_rtol']:g}) |"
         )
     for r in rows:
-        print(f"flagos: {r['flagos_on']}; reference: {r['reference_on']}")
+        print(f"flagos: {r['flagos_on']}; reference: {r['reference_on']}; rank 0 on CPUs {r['rank0_cpus']}")
         print(f"{r['strategy']} losses, flagos:    {' '.join(f'{x:.4f}' for x in r['flagos_losses'])}")
         print(f"{r['strategy']} losses, reference: {' '.join(f'{x:.4f}' for x in r['reference_losses'])}")
     return rows, all_equal
@@ -459,6 +547,12 @@ def main(argv=None) -> int:
     if native == "cuda" and world_size > torch.cuda.device_count():
         raise SystemExit(f"--world-size {world_size}: only {torch.cuda.device_count()} GPU(s) are visible")
     print(f"flagos on {native}; {world_size} ranks; torch {torch.__version__}")
+    args.rank_cpus = None
+    if "train" in args.parts:
+        mode = args.bind_cpus or ("numa" if native == "cuda" else "off")
+        args.rank_cpus = rank_cpus(mode, world_size)
+        where = ", ".join(f"rank {i}: {cpu_ranges(c)}" for i, c in enumerate(args.rank_cpus or []))
+        print(f"# training ranks on CPUs ({mode}): {where or 'wherever the OS places them'}")
     results, ok = {"native": native, "world_size": world_size}, True
     for part in args.parts:  # in the order given
         if part == "train":

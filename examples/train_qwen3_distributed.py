@@ -14,7 +14,9 @@ compared with (benchmarks/distributed.py): such a process never imports torch_fl
 writes rank 0's losses and step times as JSON; ``--profile-steps N`` adds N steps profiled on rank 0
 (each event's self host time, benchmarks/distributed.py --host-diff). ``--turns FOLDER:ME`` runs the
 steps after the first ``--untimed`` in turns with another launch (benchmarks/distributed.py
---side-by-side). Needs Hugging Face transformers.
+--side-by-side). ``--cpus 0-15:16-31`` runs local rank i, all its threads, on the i-th CPU list (torch's
+host work then stays near its GPU: benchmarks/distributed.py passes each GPU's NUMA node). Needs Hugging Face
+transformers.
 """
 
 from __future__ import annotations
@@ -54,7 +56,18 @@ def parse_args(turn_block: int):
         f"(0 or 1), in blocks of {turn_block} (benchmarks/distributed.py --side-by-side)",
     )
     p.add_argument("--untimed", type=int, default=0, help="with --turns: steps run before the turns begin")
+    p.add_argument(
+        "--cpus",
+        metavar="LIST[:LIST...]",
+        help="CPU lists, one per local rank, each as taskset -c takes it (0-15:16-31): local rank i and all "
+        "its threads run on the i-th",
+    )
     args = p.parse_args()
+    if args.cpus is not None:
+        try:
+            args.cpus = [cpu_list(text) for text in args.cpus.split(":")]
+        except ValueError as e:
+            p.error(f"--cpus {args.cpus!r}: {e}")
     if args.turns:
         folder, _, me = args.turns.rpartition(":")
         if not folder or me not in ("0", "1"):
@@ -71,6 +84,33 @@ def parse_args(turn_block: int):
     if args.profile_steps < 0:
         p.error(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
     return args
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs of a list as taskset -c writes them: "0-3,8,10-11"."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or not (last.isdigit() or not last):
+            raise ValueError(f"{part!r} is not a CPU number or range")
+        if last and int(last) < int(first):
+            raise ValueError(f"{part!r} is an empty range")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def bind_to_cpus(lists: list[set[int]], local_rank: int) -> None:
+    """Runs this process's threads, and so those they start, on ``lists[local_rank]``."""
+    if local_rank >= len(lists):
+        raise SystemExit(f"--cpus has {len(lists)} list(s), none for local rank {local_rank}")
+    cpus = lists[local_rank]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended
+        except OSError as e:
+            raise SystemExit(f"--cpus: local rank {local_rank} cannot run on CPUs {sorted(cpus)}: {e}") from e
 
 
 def load_qwen3_helpers():
@@ -172,6 +212,8 @@ def main() -> None:
     qwen3 = load_qwen3_helpers()
     args = parse_args(qwen3.Turns.BLOCK)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.cpus is not None:
+        bind_to_cpus(args.cpus, local_rank)
     device, on_gpu = set_up(args.device, local_rank)
     rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -241,6 +283,7 @@ def main() -> None:
             issue_seconds=issue_seconds,
             step_spans=spans,
             imported_torch_fl="torch_fl" in sys.modules,
+            cpus=sorted(os.sched_getaffinity(0)),
             host_profile=host_profile,
         )
         with open(args.results, "w") as f:

@@ -189,7 +189,8 @@ if [ "$mode" = multi-gpu ]; then
   [[ " $parts " == *" train "* ]] || { echo "== [$SECONDS s] done"; exit 0; }
   # DDP and FSDP2 of Qwen3-0.6B, 2x512 tokens a rank (DIST_TRAIN_ARGS="--batch 8 --seq-len 1024" for the
   # larger size), flagos and cuda launched side by side, 60 timed steps each in turns (~70 s a pair of
-  # launches; DIST_REPEATS=2 needs the time of the tests above: run it in a call of its own).
+  # launches; DIST_REPEATS=2 needs the time of the tests above: run it in a call of its own), local rank i
+  # of both on the same CPUs (--bind-cpus, default numa: a share of its GPU's NUMA node's CPUs).
   # DIST_HOST_DIFF=N launches them one after the other instead (20 steps) and lists the N events where
   # flagos's host time per step goes beyond cuda's.
   echo "== [$SECONDS s] training"

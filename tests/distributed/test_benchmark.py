@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.distributed import overlapping_steps, run_stoppably
+from benchmarks.distributed import cpu_ranges, load_example, overlapping_steps, rank_cpus, run_stoppably
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
@@ -158,15 +158,19 @@ def test_collective_overhead_bad_arguments_are_named(args, message):
 
 def test_side_by_side_launches_take_turns(launch, tmp_path):
     """--side-by-side: flagos and the CPU reference launched at once; after the warm-up step their steps
-    take turns (the benchmark fails if two overlapped), and each block of 5 is paired with the other's."""
+    take turns (the benchmark fails if two overlapped), and each block of 5 is paired with the other's.
+    With --bind-cpus split, rank 0 of both runs on the first half of the CPUs."""
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
     args = ["--parts", "train", "--strategies", "ddp", "--steps", "11", "--warmup", "1", "--seq-len", "32"]
     proc = run_benchmark(
-        [*args, "--repeats", "2", "--side-by-side", "--json", str(out)], accelerator="sim", timeout=400
+        [*args, "--repeats", "2", "--side-by-side", "--bind-cpus", "split", "--json", str(out)],
+        accelerator="sim",
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     (row,) = json.loads(out.read_text())["train"]
+    assert row["rank0_cpus"] == cpu_ranges(rank_cpus("split", 2)[0])
     assert row["losses_equal"] and len(row["flagos_losses"]) == 11
     assert len(row["block_ratios"]) == 4 and all(r > 0 for r in row["block_ratios"])  # 2 blocks, 2 runs
     assert len(row["per_run_ratios"]) == 2
@@ -184,6 +188,70 @@ def test_overlapping_timed_steps_are_found():
     # One long step of one launch across a later step of the other.
     inside = [("flagos", run((0, 1), (1, 9))), ("cpu", run((0, 1), (2, 3)))]
     assert "step 1 on cpu began while step 1 on flagos ran" in overlapping_steps(inside, warmup=1)
+
+
+def test_cpu_lists_read_and_write_as_taskset_does():
+    cpu_list = load_example().cpu_list
+    assert cpu_list("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
+    assert cpu_ranges([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
+    assert cpu_list(cpu_ranges([3, 4, 9])) == {3, 4, 9}
+    for bad, message in [("a-3", "'a-3' is not"), ("4-2", "'4-2' is an empty range"), ("1,", "'' is not")]:
+        with pytest.raises(ValueError, match=message):
+            cpu_list(bad)
+
+
+def test_split_binding_shares_the_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
+    assert rank_cpus("split", 2) == [[0, 1, 2], [3, 4, 5]]
+    assert rank_cpus("off", 2) is None
+    with pytest.raises(SystemExit, match="--bind-cpus split: 7 CPU\\(s\\) cannot be shared by 8 ranks"):
+        rank_cpus("split", 8)
+
+
+def test_numa_binding_shares_each_node_among_its_gpus(monkeypatch):
+    import benchmarks.distributed as bench
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    nodes = {0: set(range(8)), 1: set(range(8, 16))}
+    monkeypatch.setattr(bench, "node_cpus", lambda node: nodes.get(node, set()))
+    monkeypatch.setattr(bench, "gpu_numa_node", lambda index: [0, 0, 1, 1][index])
+    assert [cpu_ranges(c) for c in rank_cpus("numa", 4)] == ["0-3", "4-7", "8-11", "12-15"]
+    monkeypatch.setattr(bench, "gpu_numa_node", lambda index: [1, 0][index])  # one GPU a node
+    assert [cpu_ranges(c) for c in rank_cpus("numa", 2)] == ["8-15", "0-7"]
+    monkeypatch.setattr(bench, "gpu_numa_node", lambda index: -1)  # a VM that names no node: halves
+    assert [cpu_ranges(c) for c in rank_cpus("numa", 2)] == ["0-7", "8-15"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where no GPU exists")
+def test_numa_binding_without_a_gpu_is_refused():
+    with pytest.raises(SystemExit, match="--bind-cpus numa: no CUDA GPU"):
+        rank_cpus("numa", 2)
+
+
+def test_the_example_binds_every_thread_of_its_rank():
+    """--cpus: every thread of the rank, those already running included, runs on its list afterwards."""
+    cpu = min(os.sched_getaffinity(0))
+    code = f"""
+import os, sys, threading
+sys.path.insert(0, {os.path.join(ROOT, "benchmarks")!r})
+from distributed import load_example
+example = load_example()
+started = threading.Event()
+threading.Thread(target=lambda: (started.set(), threading.Event().wait(30)), daemon=True).start()
+started.wait()
+example.bind_to_cpus([set(), {{{cpu}}}], 1)
+tasks = os.listdir("/proc/self/task")
+assert len(tasks) >= 2, tasks
+print(sorted({{tuple(sorted(os.sched_getaffinity(int(t)))) for t in tasks}}))
+try:
+    example.bind_to_cpus([{{{cpu}}}], 1)
+except SystemExit as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"[({cpu},)]", "--cpus has 1 list(s), none for local rank 1"]
 
 
 def _running(fragment: str) -> list[str]:
@@ -221,6 +289,7 @@ def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
         (["--min-seconds", "0"], "--min-seconds must be positive, got 0.0"),
         (["--side-by-side", "--steps", "8", "--warmup", "1"], "must be whole turns of 5"),
         (["--side-by-side", "--host-diff", "3"], "the profiled steps would run beside the other launch's"),
+        (["--bind-cpus", "all"], "--bind-cpus: invalid choice: 'all'"),
     ],
 )
 def test_bad_arguments_are_named(args, message):
