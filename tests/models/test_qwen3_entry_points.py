@@ -268,6 +268,36 @@ def test_turns_alternate_blocks(tmp_path):
         lonely.take(lambda: 0.0, 1)
 
 
+def test_turns_of_a_launch_of_several_ranks_are_marked_by_one(tmp_path):
+    """A side of several ranks (benchmarks/distributed.py): every rank takes the side's turns, and only the
+    one with ``marks`` writes its files, so the other side does not go on before that rank's step ended."""
+    import threading
+
+    def side(me: int, marks: bool, out: list) -> threading.Thread:
+        turns = _qwen3.Turns(str(tmp_path), me, block=1, timeout_s=60, marks=marks)
+        return threading.Thread(target=lambda: out.extend(turns.take(lambda: me, 2)))
+
+    rank0, rank1, other = [], [], []
+    threads = [side(0, True, rank0), side(0, False, rank1), side(1, True, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert rank0 == rank1 == [0, 0] and other == [1, 1]
+    assert sorted(os.listdir(tmp_path)) == ["done-0", "done-1", "done-2", "done-3", "ready-0", "ready-1"]
+    # A side whose only rank does not mark writes nothing: the other side waits for it in vain.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    quiet = threading.Thread(
+        target=lambda: _qwen3.Turns(str(alone), 0, block=1, timeout_s=2, marks=False).take(lambda: 0, 1)
+    )
+    quiet.start()
+    with pytest.raises(RuntimeError, match="never got to 'ready-0'"):
+        _qwen3.Turns(str(alone), 1, block=1, timeout_s=2).take(lambda: 1, 1)
+    quiet.join(timeout=30)
+    assert os.listdir(alone) == ["ready-1"]
+
+
 def test_compile_time_benchmark(run_python, qwen3):
     """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
     fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
