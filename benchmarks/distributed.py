@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import signal
@@ -313,6 +314,7 @@ def rank_cpus(mode: str, world_size: int) -> list[list[int]] | None:
     return shares
 
 
+@functools.cache
 def load_example():
     """The training example as a module (its CPU-list parser)."""
     import importlib.util
