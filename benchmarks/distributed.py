@@ -25,8 +25,8 @@ accelerator's flagos memory is.
   two timed steps overlapped). Host-bound steps moved by 20-30% from one launch to the next on the lent GPU
   machines, more than a few launches in turn average away. ``--bind-cpus`` (default ``numa`` on GPUs)
   runs each local rank of both devices on the same CPUs: an equal share of its GPU's NUMA node's
-  (``numa``), of this process's (``split``), or wherever the OS places it (``off``): a host-bound step's time follows where the OS put
-  its threads, so unbound launches compare placements as much as devices.
+  (``numa``), of this process's (``split``), or wherever the OS places it (``off``). A host-bound step's
+  time follows where the OS put its threads, so unbound launches compare placements as much as devices.
 - ``collectives``: all_reduce, all_gather_into_tensor and reduce_scatter_tensor of float32 tensors from
   ``--min-mib`` to ``--max-mib`` (each size 4x the last), on flagos tensors (the flagos backend) and on
   native tensors (NCCL or gloo itself) in the same processes, the two alternating ``--repeats`` times.

@@ -14,9 +14,9 @@ compared with (benchmarks/distributed.py): such a process never imports torch_fl
 writes rank 0's losses and step times as JSON; ``--profile-steps N`` adds N steps profiled on rank 0
 (each event's self host time, benchmarks/distributed.py --host-diff). ``--turns FOLDER:ME`` runs the
 steps after the first ``--untimed`` in turns with another launch (benchmarks/distributed.py
---side-by-side). ``--cpus 0-15:16-31`` runs local rank i, all its threads, on the i-th CPU list (torch's
-host work then stays near its GPU: benchmarks/distributed.py passes each GPU's NUMA node). Needs Hugging Face
-transformers.
+--side-by-side). ``--cpus 0-15:16-31`` runs local rank i, all its threads, on the i-th CPU list
+(benchmarks/distributed.py passes each rank a share of its GPU's NUMA node's CPUs, the same for flagos and
+the reference). Needs Hugging Face transformers.
 """
 
 from __future__ import annotations
