@@ -40,7 +40,7 @@ extern std::atomic<bool> g_host_kernel_allocations;
 // flagos device and stream, labelled as CPU memory: on a HAL accelerator device memory is host memory, so
 // a CPU kernel can use it as it is, and the route adopts a fresh output as a flagos tensor without a copy.
 // Other threads, and this thread outside the scope, get the CPU allocator's own memory. The HAL mode wraps
-// the CPU allocator when the device is initialised (runtime/hal/hal_device_allocator.cpp); until then,
+// the CPU allocator when the device is initialised (runtime/hal/hal_host_kernel_allocator.cpp); until then,
 // and always when flagos is backed, this does nothing.
 class HostKernelAllocations {
  public:

@@ -3,8 +3,6 @@
 #include "runtime/hal/hal_parts.h"
 #include "runtime/hal/hal_streams.h"
 
-#include <ATen/ops/from_blob.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
@@ -545,44 +543,6 @@ void free_ptr(void* ptr) {
   allocator_state().free(ptr);
 }
 
-// Depth of HostKernelAllocations scopes on this thread.
-thread_local int t_host_kernel_scopes = 0;
-
-// The CPU allocator while torch_fl is loaded: the original one, except on a thread inside a
-// HostKernelAllocations scope, which gets flagos memory labelled as CPU memory. The DataPtrs keep their own
-// deleters (free_ptr for flagos memory), so a CPU tensor frees its memory correctly whichever thread or
-// scope it dies in; and checking a thread-local int is all it adds to other CPU allocations.
-class HostKernelCpuAllocator final : public c10::Allocator {
- public:
-  explicit HostKernelCpuAllocator(c10::Allocator* base) { base_ = base; }
-
-  c10::DataPtr allocate(size_t nbytes) override {
-    if (t_host_kernel_scopes == 0) return base_->allocate(nbytes);
-    c10::DataPtr data = allocator_state().allocate(nbytes);
-    data.unsafe_set_device(c10::Device(c10::DeviceType::CPU));
-    return data;
-  }
-
-  // raw_allocate/raw_deallocate users (ideep's allocator) may free outside the scope memory allocated
-  // inside it, or the reverse: the raw deleter asks the flagos allocator whether the pointer is its own.
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter() ? &raw_free : nullptr; }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
-  }
-
- private:
-  static void raw_free(void* ptr) {
-    if (ptr != nullptr && allocator_state().device_of(ptr).has_value()) {
-      free_ptr(ptr);
-    } else {
-      base_->raw_deleter()(ptr);
-    }
-  }
-
-  static inline c10::Allocator* base_ = nullptr;  // one instance, created at load
-};
-
 class HalDeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override { return allocator_state().allocate(nbytes); }
@@ -643,28 +603,8 @@ bool in_pool(const void* ptr, c10::MempoolId_t pool) {
   return allocator_state().in_pool(ptr, pool);
 }
 
-void install_host_kernel_allocator() {
-  // Once, when the HAL mode is initialised (not at import: a process that never uses flagos keeps torch's
-  // CPU allocator as it is). Leaked like the allocator state. If another library holds the CPU allocator
-  // at a higher priority, the wrapper is not installed and the native route copies fresh host-kernel
-  // outputs into flagos memory instead.
-  static const bool installed = [] {
-    c10::SetCPUAllocator(new HostKernelCpuAllocator(c10::GetCPUAllocator()));
-    return true;
-  }();
-  detail::g_host_kernel_allocations.store(installed, std::memory_order_relaxed);
+bool owns_memory(const void* ptr) {
+  return ptr != nullptr && allocator_state().device_of(ptr).has_value();
 }
 
 }  // namespace flagos::runtime::hal_mode
-
-namespace flagos::runtime {
-
-void HostKernelAllocations::enter() {
-  ++hal_mode::t_host_kernel_scopes;
-}
-
-void HostKernelAllocations::leave() {
-  --hal_mode::t_host_kernel_scopes;
-}
-
-}  // namespace flagos::runtime

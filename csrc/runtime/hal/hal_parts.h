@@ -30,8 +30,10 @@ bool in_pool(const void* ptr, c10::MempoolId_t pool);
 // Its history and state for torch.flagos.memory._record_memory_history() / _snapshot().
 void record_memory_history(const MemoryHistoryOptions& options);
 std::vector<DeviceMemorySnapshot> memory_snapshot();
+// Whether `ptr` is the start of a live block of that allocator.
+bool owns_memory(const void* ptr);
 // Wraps the process's CPU allocator so that host kernels inside runtime::HostKernelAllocations allocate
-// flagos memory (once; see hal_device_allocator.cpp).
+// flagos memory (once; hal_host_kernel_allocator.cpp).
 void install_host_kernel_allocator();
 
 // Graphs: recordings of the work issued to a stream (hal_graph.cpp).
