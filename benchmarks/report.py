@@ -53,19 +53,14 @@ def render(all_records: list[dict]) -> str:
     for record in rows:
         if record["device"] != device:
             device = record["device"]
-            lines += [
-                "",
-                f"**{device}**",
-                "",
-                "| metric | kind | vs | value | what it measures | commit | run |",
-            ]
-            lines += ["|---|---|---|---|---|---|---|"]
+            header = "| metric | kind | vs | value | what it measures | commit | run |"
+            lines += ["", f"#### {device}", header, "|---|---|---|---|---|---|---|"]
         run = (record["device"], record["torch"], record["date"], record["command"])
         label = runs.setdefault(run, f"r{len(runs) + 1}")
         cells = [f"`{record['metric']}`", record["kind"], record["baseline"], value_cell(record)]
         cells += [record.get("detail", ""), record["commit"], label]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| run | device | torch | date | command |", "|---|---|---|---|---|"]
+    lines += ["", "#### Runs", "| run | device | torch | date | command |", "|---|---|---|---|---|"]
     for (device, torch, date, command), label in runs.items():
         lines.append(f"| {label} | {device} | {torch} | {date} | `{command}` |")
     lines.append(END)
