@@ -124,10 +124,26 @@ def benchmark_name() -> str:
     return name.rpartition(".")[2]
 
 
+def without_json(argv: list[str]) -> list[str]:
+    """``argv`` without ``--json [FILE]``: what reproduces the figures."""
+    kept, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip or arg.startswith("--json="):
+            skip = False
+            continue
+        if arg == "--json":
+            following = argv[i + 1] if i + 1 < len(argv) else "--"
+            skip = following == "-" or not following.startswith("-")
+            continue
+        kept.append(arg)
+    return kept
+
+
 def command_line(benchmark: str, argv: list[str]) -> str:
-    """The command as run, in module form, with the FLAGOS_* environment it ran under in front."""
+    """The command as run, in module form, with the FLAGOS_* environment it ran under in front and without
+    ``--json``."""
     env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("FLAGOS_")]
-    return " ".join([*env, "python -m benchmarks." + benchmark, *map(shlex.quote, argv)])
+    return " ".join([*env, "python -m benchmarks." + benchmark, *map(shlex.quote, without_json(argv))])
 
 
 def describe_device() -> tuple[str, str]:

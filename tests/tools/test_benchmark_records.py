@@ -65,7 +65,7 @@ def test_round_trip_through_a_records_dir(tmp_path, monkeypatch):
     assert first["torch"] == torch.__version__
     assert first["device"] == "sim (test)" and first["baseline"] == "cpu"
     assert loaded[1]["baseline"] == "cuda"
-    assert first["command"].endswith("python -m benchmarks.demo --repeats 5 --json")
+    assert first["command"].endswith("python -m benchmarks.demo --repeats 5")
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", first["date"])
     assert re.fullmatch(r"([0-9a-f]{4,40}(\+dirty)?|unknown)", first["commit"])
     assert list(first) == [f for f in records.FIELDS if f in first]
@@ -79,6 +79,20 @@ def test_json_dash_prints_and_no_json_writes_nothing(tmp_path, monkeypatch, caps
     assert list(tmp_path.iterdir()) == []
     recorder(["--json", str(tmp_path / "other.jsonl")]).add("median_ratio", 1.2, "time ratio")
     assert [r["value"] for r in records.load(tmp_path)] == [1.2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--repeats", "5"],
+        ["--repeats", "5", "--json"],
+        ["--json", "-", "--repeats", "5"],
+        ["--repeats", "5", "--json", "out.jsonl"],
+        ["--json=out.jsonl", "--repeats", "5"],
+    ],
+)
+def test_command_leaves_out_json(argv):
+    assert records.without_json(argv) == ["--repeats", "5"]
 
 
 def test_commit_outside_git_is_unknown(tmp_path):
