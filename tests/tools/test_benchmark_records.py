@@ -1,0 +1,175 @@
+"""benchmarks/records.py and benchmarks/report.py: records round-trip, the report keeps the newest record per
+metric and device, and docs/performance.md cannot drift from benchmarks/records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+import torch
+
+from benchmarks import records, report
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    records.add_json_argument(parser)
+    return parser.parse_args(argv)
+
+
+def recorder(argv: list[str], **kwargs) -> records.Recorder:
+    kwargs.setdefault("device", "sim (test)")
+    kwargs.setdefault("baseline", "cpu")
+    return records.Recorder(parse(argv), benchmark="demo", argv=argv, **kwargs)
+
+
+def record(metric: str, value: float, date: str, device: str = "NVIDIA H200", **extra) -> dict:
+    return {
+        "metric": metric,
+        "value": value,
+        "kind": "time ratio",
+        "baseline": "cuda",
+        "device": device,
+        "torch": "2.11.0+cu130",
+        "commit": "abc1234",
+        "command": "python -m benchmarks.demo",
+        "date": date,
+        **extra,
+    }
+
+
+def write(directory, name: str, rows: list[dict]) -> None:
+    (directory / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_round_trip_through_a_records_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "RECORDS_DIR", tmp_path)
+    rec = recorder(["--repeats", "5", "--json"])
+    assert rec.path == tmp_path / "demo.jsonl"
+    first = rec.add("median_ratio", 1.06, "time ratio", range=(1.09, 1.02), detail="25 ops")
+    rec.add("demo.decode_speed_ratio", 0.91, "speed ratio", baseline="cuda")
+    # a second run appends
+    recorder(["--json"]).add("median_ratio", 1.04, "time ratio")
+
+    loaded = records.load(tmp_path)
+    assert [r["metric"] for r in loaded] == [
+        "demo.median_ratio",
+        "demo.decode_speed_ratio",
+        "demo.median_ratio",
+    ]
+    assert loaded[0] == first
+    assert first["range"] == [1.02, 1.09]
+    assert first["torch"] == torch.__version__
+    assert first["device"] == "sim (test)" and first["baseline"] == "cpu"
+    assert loaded[1]["baseline"] == "cuda"
+    assert first["command"].endswith("python -m benchmarks.demo --repeats 5")
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", first["date"])
+    assert re.fullmatch(r"([0-9a-f]{4,40}(\+dirty)?|unknown)", first["commit"])
+    assert list(first) == [f for f in records.FIELDS if f in first]
+
+
+def test_json_dash_prints_and_no_json_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(records, "RECORDS_DIR", tmp_path)
+    assert recorder([]).add("median_ratio", 1.0, "time ratio") is None
+    printed = recorder(["--json", "-"]).add("median_ratio", 1.1, "time ratio")
+    assert json.loads(capsys.readouterr().out) == printed
+    assert list(tmp_path.iterdir()) == []
+    recorder(["--json", str(tmp_path / "other.jsonl")]).add("median_ratio", 1.2, "time ratio")
+    assert [r["value"] for r in records.load(tmp_path)] == [1.2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--repeats", "5"],
+        ["--repeats", "5", "--json"],
+        ["--json", "-", "--repeats", "5"],
+        ["--repeats", "5", "--json", "out.jsonl"],
+        ["--json=out.jsonl", "--repeats", "5"],
+    ],
+)
+def test_command_leaves_out_json(argv):
+    assert records.without_json(argv) == ["--repeats", "5"]
+
+
+def test_commit_outside_git_is_unknown(tmp_path):
+    assert records.git_commit(tmp_path) == "unknown"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kind": "ratio"},
+        {"metric": "NoBenchmark"},
+        {"value": float("nan")},
+        {"range": [2.0, 1.0]},
+        {"detail": "x" * (records.MAX_DETAIL + 1)},
+        {"date": "yesterday"},
+        {"colour": "red"},
+    ],
+)
+def test_malformed_records_are_refused(tmp_path, change):
+    with pytest.raises(ValueError):
+        records.check(record("demo.median_ratio", 1.0, "2026-01-01") | change)
+    write(tmp_path, "demo", [record("demo.median_ratio", 1.0, "2026-01-01") | change])
+    with pytest.raises(ValueError, match="demo.jsonl:1"):
+        records.load(tmp_path)
+
+
+def test_report_keeps_the_newest_per_metric_and_device(tmp_path):
+    write(
+        tmp_path,
+        "demo",
+        [
+            record("demo.median_ratio", 1.20, "2026-01-02"),
+            record("demo.median_ratio", 1.10, "2026-01-01"),  # older, later in the file
+            record("demo.median_ratio", 1.30, "2026-01-02", commit="def5678"),  # same date, later line
+            record("demo.median_ratio", 1.80, "2026-01-01", device="sim (2-core CPU)", baseline="cpu"),
+        ],
+    )
+    rows = report.newest(records.load(tmp_path))
+    assert [(r["device"], r["value"], r["commit"]) for r in rows] == [
+        ("NVIDIA H200", 1.3, "def5678"),
+        ("sim (2-core CPU)", 1.8, "abc1234"),
+    ]
+    block = report.render(records.load(tmp_path))
+    assert block.startswith(report.BEGIN) and block.endswith(report.END)
+    assert "| `demo.median_ratio` | time ratio | cuda | 1.3 |  | def5678 | r1 |" in block
+    assert "1.2" not in block and "1.1 " not in block
+    assert "| r1 | NVIDIA H200 | 2.11.0+cu130 | 2026-01-02 | `python -m benchmarks.demo` |" in block
+
+
+def test_check_fails_on_a_stale_table_and_passes_once_regenerated(tmp_path, capsys):
+    write(tmp_path, "demo", [record("demo.median_ratio", 1.06, "2026-01-01", range=[1.02, 1.09])])
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# Title\n\n{report.BEGIN}\n| stale |\n{report.END}\n\nAfter.\n")
+    args = ["--records", str(tmp_path), "--doc", str(doc)]
+    assert report.main([*args, "--check"]) == 1
+    assert report.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# Title\n\n") and text.endswith("\n\nAfter.\n")
+    assert "1.06 (1.02-1.09)" in text and "| stale |" not in text
+    assert report.main([*args, "--check"]) == 0
+    write(
+        tmp_path,
+        "demo",
+        [record("demo.median_ratio", 1.06, "2026-01-01"), record("demo.x", 1.0, "2026-01-03")],
+    )
+    assert report.main([*args, "--check"]) == 1
+    capsys.readouterr()
+
+
+def test_check_refuses_a_document_without_markers(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# no markers\n")
+    assert report.main(["--records", str(tmp_path), "--doc", str(doc), "--check"]) == 2
+
+
+def test_repository_performance_doc_matches_its_records():
+    assert report.main(["--check"]) == 0
+    lines = report.DOC.read_text().splitlines()
+    assert len(lines) <= 150
+    assert max(map(len, lines)) <= report.MAX_LINE
