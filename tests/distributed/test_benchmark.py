@@ -18,7 +18,6 @@ from benchmarks.distributed import overlapping_steps, rank_cpus, run_stoppably
 from harness.cpus import cpu_list, cpu_ranges
 from harness.processes import python_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = ["-m", "benchmarks.distributed"]
 
 

@@ -16,7 +16,6 @@ import harness.qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 900  # the 0.6b shape builds and runs the full-size model
 
 
