@@ -10,7 +10,7 @@ simulated accelerator), each loop ended by one synchronize, in ``--repeats`` rou
 device goes first. Printed per op and size: microseconds per call (medians over the rounds), the median of
 the rounds' ratios and the difference. Run it under ``perf record`` to see where the difference goes.
 
-    python benchmarks/collective_overhead.py [--n 5000] [--repeats 5] [--ops all_gather,reduce_scatter]
+    python -m benchmarks.collective_overhead [--n 5000] [--repeats 5] [--ops all_gather,reduce_scatter]
         [--sizes-kib 1,1024]
 
 On the simulated accelerator gloo's thread hand-off (tens of microseconds a call) dwarfs the difference;
@@ -22,7 +22,7 @@ the figures that matter come from a GPU.
 wrapped around one on flagos tensors. No communication runs, so the difference is the wrapper's checks,
 aliases and work object alone, on any accelerator (the 2x H200 machine, 2026-11-27: none measurable).
 
-    python benchmarks/collective_overhead.py --inner fake [--n 20000]
+    python -m benchmarks.collective_overhead --inner fake [--n 20000]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import torch_fl  # noqa: F401  (registers the flagos device and its c10d backend)
+from benchmarks.common import synchronize
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -67,13 +68,6 @@ def parse_args(argv=None):
     if args.n < 1 or args.repeats < 1:
         p.error("--n and --repeats must be at least 1")
     return args
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "flagos":
-        torch.flagos.synchronize()
-    elif device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def call_of(op: str, numel: int, device: torch.device):

@@ -11,7 +11,7 @@
    torch.autograd.profiler.profile(use_device="flagos") (the stubs: two events per op). Target for "off": no
    measurable cost.
 
-    python benchmarks/compat_overhead.py [--n 20000] [--rounds 7] [--op-n 2000]
+    python -m benchmarks.compat_overhead [--n 20000] [--rounds 7] [--op-n 2000]
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 step (compilation included) on each device, in fresh processes with empty compiler caches, with Dynamo's
 per-phase times (``torch._dynamo.utils.compile_times``) and Inductor's counters side by side.
 
-    python benchmarks/compile_time.py [--part train|prefill] [--shape tiny|0.6b] [--repeats N]
+    python -m benchmarks.compile_time [--part train|prefill] [--shape tiny|0.6b] [--repeats N]
 
-``train``: the whole training step compiled (``torch_fl._qwen3.compiled_train_step``: forward, AOTAutograd's
-backward, foreach AdamW; ``_qwen3.time_train_steps``' first step, one-time costs included); ``prefill``:
-``torch.compile(model)`` on a 1x``--length`` prompt (``_qwen3.time_first_calls``, after a tiny compile that
-takes the process's one-time costs). The native device
+``train``: the whole training step compiled (``harness.qwen3.compiled_train_step``: forward, AOTAutograd's
+backward, foreach AdamW; ``benchmarks.common.time_train_steps``' first step, one-time costs included);
+``prefill``: ``torch.compile(model)`` on a 1x``--length`` prompt (``benchmarks.common.time_first_calls``,
+after a tiny compile that takes the process's one-time costs). The native device
 is CUDA where flagos is backed by it (its process never imports torch_fl: a CUDA backward cannot run beside
 it), else the CPU. Each device's processes alternate, flagos first. benchmarks/qwen3.py ``--compile``
 reports the same first calls without the breakdown (target: flagos <= 1.2x the native device's).
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -33,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import common
+from harness import qwen3
+from harness.processes import python_env
 
 
 def parse_args(argv=None):
@@ -64,12 +65,6 @@ def measure(request: dict) -> dict:
 
     if request["device"] == "flagos":
         import torch_fl  # noqa: F401
-    spec = importlib.util.spec_from_file_location(
-        "_qwen3_helpers", os.path.join(ROOT, "torch_fl", "_qwen3.py")
-    )
-    qwen3 = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = qwen3  # its dataclasses look their module up there
-    spec.loader.exec_module(qwen3)
     import torch._dynamo.utils as dynamo_utils
     from torch._inductor.async_compile import get_compile_threads
 
@@ -80,11 +75,11 @@ def measure(request: dict) -> dict:
     # The first calls benchmarks/qwen3.py --compile times, measured the same way.
     steady = {}
     if request["part"] == "train" and request.get("steps"):
-        first, steady = _train_steps(qwen3, master, device, ids, request["steps"], request["host_top"] > 0)
+        first, steady = _train_steps(master, device, ids, request["steps"], request["host_top"] > 0)
     elif request["part"] == "train":
-        first = qwen3.time_train_steps(master, device, ids, repeats=0, compile=True)[0]
+        first = common.time_train_steps(master, device, ids, repeats=0, compile=True)[0]
     else:
-        first = qwen3.time_first_calls(master, device, ["prefill"], ids, ids, 1, None)["prefill"]
+        first = common.time_first_calls(master, device, ["prefill"], ids, ids, 1, None)["prefill"]
     headers, values = dynamo_utils.compile_times(repr="csv", aggregate=True)
     phases = {h: float(v) for h, v in zip(headers, values, strict=True)}
     inductor = {k: v for k, v in dynamo_utils.counters["inductor"].items() if isinstance(v, (int, float))}
@@ -100,7 +95,7 @@ def measure(request: dict) -> dict:
     )
 
 
-def _train_steps(qwen3, master, device: str, ids, steps: int, profile: bool) -> tuple[float, dict]:
+def _train_steps(master, device: str, ids, steps: int, profile: bool) -> tuple[float, dict]:
     """The first compiled training step's seconds, then ``steps`` more: their seconds (synchronised around
     each), the host's seconds per step over ``steps`` unsynchronised ones, and with ``profile`` the self
     CPU microseconds per step of each op name over two profiled steps."""
@@ -115,17 +110,17 @@ def _train_steps(qwen3, master, device: str, ids, steps: int, profile: bool) -> 
 
     def timed(n: int, sync_each: bool) -> list[float]:
         times = []
-        qwen3.synchronize(device)
+        common.synchronize(device)
         start = time.perf_counter()
         for _ in range(n):
             step(ids)
             if sync_each:
-                qwen3.synchronize(device)
+                common.synchronize(device)
                 times.append(time.perf_counter() - start)
                 start = time.perf_counter()
         if not sync_each:
             times.append((time.perf_counter() - start) / n)
-            qwen3.synchronize(device)
+            common.synchronize(device)
         return times
 
     first = timed(1, True)[0]
@@ -151,7 +146,7 @@ def _train_steps(qwen3, master, device: str, ids, steps: int, profile: bool) -> 
 
 def run_child(request: dict, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="flagos_compile_time_") as tmp:
-        env = dict(os.environ)
+        env = python_env()
         # Empty caches: Inductor's (FX graphs, autotuning), Triton's kernels.
         env.update(
             TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
@@ -159,7 +154,13 @@ def run_child(request: dict, timeout: float) -> dict:
             TORCHINDUCTOR_FORCE_DISABLE_CACHES="1",
         )
         out = os.path.join(tmp, "result.json")
-        command = [sys.executable, os.path.abspath(__file__), "--child", json.dumps({**request, "out": out})]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.compile_time",
+            "--child",
+            json.dumps({**request, "out": out}),
+        ]
         try:
             proc = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
         except subprocess.TimeoutExpired:

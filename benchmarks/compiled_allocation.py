@@ -9,7 +9,7 @@ torch_fl's helper, the generic ``torch.empty_strided`` on flagos it replaces, an
 own helper (CUDA's where flagos is backed by CUDA, else the CPU's); ``--repeats`` rounds, the order rotated,
 medians in microseconds per allocation and the ratios of flagos's helper to the other two.
 
-    python benchmarks/compiled_allocation.py [--n 20000] [--repeats 7]
+    python -m benchmarks.compiled_allocation [--n 20000] [--repeats 7]
 """
 
 from __future__ import annotations

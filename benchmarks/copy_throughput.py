@@ -1,6 +1,6 @@
 """Copy throughput of the flagos device against plain host memcpy, measured in the same process.
 
-    python benchmarks/copy_throughput.py [--mib 64] [--repeats 10]
+    python -m benchmarks.copy_throughput [--mib 64] [--repeats 10]
 
 For each direction (pageable and pinned host -> device, device -> host, device -> device) it times the
 copy with a synchronize after each repeat and prints the median GB/s and its ratio to a CPU tensor copy

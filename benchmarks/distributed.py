@@ -1,15 +1,15 @@
 """Distributed flagos against its native device: training step time and loss parity, and collective
 bandwidth, one process per device (docs/distributed.md, figures in docs/performance.md).
 
-    python benchmarks/distributed.py                          # both parts, one rank per visible GPU
-    python benchmarks/distributed.py --parts train --steps 20 --strategies ddp,fsdp2
-    python benchmarks/distributed.py --parts collectives --min-mib 1 --max-mib 1024
-    python benchmarks/distributed.py --parts train --steps 45 --side-by-side
+    python -m benchmarks.distributed                          # both parts, one rank per visible GPU
+    python -m benchmarks.distributed --parts train --steps 20 --strategies ddp,fsdp2
+    python -m benchmarks.distributed --parts collectives --min-mib 1 --max-mib 1024
+    python -m benchmarks.distributed --parts train --steps 45 --side-by-side
 
 The native device is CUDA (NCCL) where flagos is backed by CUDA, else the CPU (gloo), which the simulated
 accelerator's flagos memory is.
 
-- ``train``: ``examples/train_qwen3_distributed.py`` under torchrun with each strategy, on flagos and on the
+- ``train``: ``examples.train_qwen3_distributed`` under torchrun with each strategy, on flagos and on the
   native device (processes that never import torch_fl, so the CUDA backward works there), the runs of one
   strategy alternating ``--repeats`` times. Reports the median step time after ``--warmup`` steps, flagos /
   native (target <= 1.03), and compares the loss trajectories: every step's mean loss within the dtype's
@@ -20,8 +20,8 @@ accelerator's flagos memory is.
   step is most above the reference's: where a host-bound flagos step's extra time goes.
   ``--side-by-side`` launches both devices' runs at the same time, on the same devices and CPUs; after
   ``--warmup`` their steps take turns in blocks of 5 (flagos, the reference, the reference, flagos, ...:
-  ``_qwen3.Turns``), so that one runs at a time and a drift of the machine hits both alike, and each block
-  is paired with the other device's beside it (paired blocks: the median of their ratios; the run fails if
+  ``harness.processes.Turns``), so that one runs at a time and a drift of the machine hits both alike, and
+  each block is paired with the other device's beside it (paired blocks: the median of their ratios; the run fails if
   two timed steps overlapped). Host-bound steps moved by 20-30% from one launch to the next on the lent GPU
   machines, more than a few launches in turn average away. ``--bind-cpus`` (default ``numa`` on GPUs)
   runs each local rank of both devices on the same CPUs: an equal share of its GPU's NUMA node's
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import functools
 import json
 import os
 import signal
@@ -54,8 +53,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
+from harness.cpus import cpu_list, cpu_ranges
+from harness.processes import REPO_ROOT, Turns, python_env
+
+EXAMPLE = ["-m", "examples.train_qwen3_distributed"]  # torchrun's arguments that start the example
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 MiB = 1 << 20
 
@@ -120,8 +121,6 @@ def parse_args(argv=None):
     if args.host_diff < 0:
         p.error(f"--host-diff must be 0 (off) or more, got {args.host_diff}")
     if args.side_by_side:
-        from torch_fl._qwen3 import Turns  # the parent imports torch_fl; the reference's ranks never do
-
         if (args.steps - args.warmup) % Turns.BLOCK:
             p.error(
                 f"--side-by-side: the steps after --warmup ({args.steps} - {args.warmup}) must be whole "
@@ -152,7 +151,7 @@ def native_device() -> str:
 
 
 def child_env(world_size: int) -> dict:
-    env = dict(os.environ)
+    env = python_env()
     # One simulated device per local rank (ignored on GPUs); single-host rendezvous over loopback.
     env["FLAGOS_SIM_DEVICES"] = str(max(2, world_size))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -178,13 +177,13 @@ def torchrun(world_size: int, script_args: list[str], timeout: float, label: str
 
 
 def run_stoppably(command: list[str], env: dict, timeout: float) -> tuple[int | None, str]:
-    """Runs ``command`` (a launcher: torchrun, or this script) from the repository's root in a session of its
-    own; returns its exit code and output (stderr in it), or None and the output when it outlasted
+    """Runs ``command`` (a launcher: torchrun, or this benchmark) from the repository's root in a session of
+    its own; returns its exit code and output (stderr in it), or None and the output when it outlasted
     ``timeout`` and was stopped. Also stopped when this process is told to stop (SIGTERM, see main)."""
     proc = subprocess.Popen(
         command,
         env=env,
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -213,19 +212,13 @@ def stop_launcher(proc: subprocess.Popen, grace_s: float = 60) -> str:
     return output or ""
 
 
-def block_pairs(reference: list[float], flagos: list[float]) -> list[float]:
-    from torch_fl import _qwen3  # the parent imports torch_fl; the reference's ranks never do
-
-    return _qwen3.Turns.block_pairs(reference, flagos)
-
-
 def loss_rtol(mixed_precision: bool) -> float:
-    """torch_fl._qwen3's training-loss tolerance for the dtype the model trains in."""
+    """harness.qwen3's training-loss tolerance for the dtype the model trains in."""
     import torch
 
-    from torch_fl import _qwen3  # the parent imports torch_fl; the reference's ranks never do
+    from harness import qwen3
 
-    return _qwen3.TOLERANCES[torch.bfloat16 if mixed_precision else torch.float32].loss_rtol
+    return qwen3.TOLERANCES[torch.bfloat16 if mixed_precision else torch.float32].loss_rtol
 
 
 PROFILED_STEPS = 2  # --host-diff: steps profiled after the timed ones
@@ -235,7 +228,7 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
     """The ``n`` profiler events (aten ops, collectives, FSDP's and DDP's own regions) whose self host time
     per step flagos exceeds the reference's most, from each side's first launch. The two devices name
     their collectives differently (the flagos backend's calls and NCCL's), so those show on both sides."""
-    import host_time_diff  # beside this file
+    from benchmarks import host_time_diff
 
     steps = flagos["steps"]
     rows = host_time_diff.diff_rows(reference["events"], flagos["events"], per=steps)
@@ -246,17 +239,6 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
         f"profiled events {f_total:.1f} ms and {r_total:.1f} ms"
     )
     host_time_diff.print_table(rows, n, prefix="#   ")
-
-
-def cpu_ranges(cpus: list[int]) -> str:
-    """``cpus`` as taskset -c writes them: [0, 1, 2, 5] -> "0-2,5"."""
-    runs: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def gpu_numa_node(index: int) -> int:
@@ -278,7 +260,7 @@ def node_cpus(node: int) -> set[int]:
         return set()
     try:
         with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
-            return load_example().cpu_list(f.read().strip())
+            return cpu_list(f.read().strip())
     except (OSError, ValueError):
         return set()
 
@@ -314,23 +296,12 @@ def rank_cpus(mode: str, world_size: int) -> list[list[int]] | None:
     return shares
 
 
-@functools.cache
-def load_example():
-    """The training example as a module (its CPU-list parser)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_qwen3_distributed", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def launch(args, world_size: int, strategy: str, device: str, turns: str | None = None) -> dict:
     """One torchrun of the example: rank 0's results. ``turns``: FOLDER:ME of a side-by-side launch."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     try:
-        script = [EXAMPLE, "--device", device, "--strategy", strategy, "--steps", str(args.steps)]
+        script = [*EXAMPLE, "--device", device, "--strategy", strategy, "--steps", str(args.steps)]
         script += ["--batch", str(args.batch), "--seq-len", str(args.seq_len), "--results", path]
         if args.shape:
             script += ["--shape", args.shape]
@@ -454,7 +425,7 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                 block_ratios=[
                     ratio
                     for a, b in zip(flagos, reference, strict=True)
-                    for ratio in block_pairs(
+                    for ratio in Turns.block_pairs(
                         b["step_seconds"][args.warmup :], a["step_seconds"][args.warmup :]
                     )
                 ]
@@ -513,7 +484,7 @@ def run_collectives(args, world_size: int, native: str) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="flagos_dist_bench_") as tmp:
         out = os.path.join(tmp, "collectives.json")
         request["out"] = out
-        worker = [os.path.abspath(__file__), "--collectives-worker", json.dumps(request)]
+        worker = ["-m", "benchmarks.distributed", "--collectives-worker", json.dumps(request)]
         torchrun(world_size, worker, args.timeout, "collectives")
         with open(out) as f:
             rows = json.load(f)
@@ -592,12 +563,6 @@ def collectives_worker(request: dict) -> None:
     if native == "cpu":
         devices["native"] = torch.device("cpu")
 
-    def sync(device: torch.device) -> None:
-        if device.type == "flagos":
-            torch.flagos.synchronize()
-        elif device.type == "cuda":
-            torch.cuda.synchronize()
-
     rows = []
     for op in OPS:
         for nbytes in request["sizes"]:
@@ -609,7 +574,7 @@ def collectives_worker(request: dict) -> None:
                 order = ["flagos", "native"] if repeat % 2 == 0 else ["native", "flagos"]
                 for name in order:
                     seconds[name].append(
-                        time_collective(op, numel, devices[name], sync, world, request["min_seconds"])
+                        time_collective(op, numel, devices[name], world, request["min_seconds"])
                     )
             row = dict(op=op, bytes=numel * 4)
             factor = (2 if op == "all_reduce" else 1) * (world - 1) / world if world > 1 else 1.0
@@ -661,12 +626,14 @@ def check(op: str, numel: int, device, rank: int, world: int) -> None:
             raise AssertionError(f"rank {rank}: {op} of {numel * 4} bytes on {device} gave {got}, not {want}")
 
 
-def time_collective(op: str, numel: int, device, sync, world: int, min_seconds: float) -> float:
+def time_collective(op: str, numel: int, device, world: int, min_seconds: float) -> float:
     """Seconds per call, the slowest rank's. A timed warm-up call sizes the loop so that it lasts about
     ``min_seconds`` (the ranks agree on the count); the ranks line up on the CPU group before the clock
     starts, so one rank's late start does not count as the collective's time."""
     import torch
     import torch.distributed as dist
+
+    from benchmarks.common import synchronize
 
     def slowest(seconds: float) -> float:  # a CPU tensor: the group's gloo; also lines the ranks up
         t = torch.tensor([seconds], dtype=torch.float64)
@@ -675,18 +642,18 @@ def time_collective(op: str, numel: int, device, sync, world: int, min_seconds: 
 
     inp, out = _buffers(op, numel, device, world, 0.0)
     _issue(op, inp, out)  # the first call of a size may set up buffers: not timed
-    sync(device)
+    synchronize(device)
     slowest(0.0)
     start = time.perf_counter()
     _issue(op, inp, out)
-    sync(device)
+    synchronize(device)
     one_call = slowest(time.perf_counter() - start)
     iterations = max(5, min(2000, int(min_seconds / max(one_call, 1e-7))))
     slowest(0.0)
     start = time.perf_counter()
     for _ in range(iterations):
         _issue(op, inp, out)
-    sync(device)
+    synchronize(device)
     return slowest((time.perf_counter() - start) / iterations)
 
 

@@ -10,7 +10,7 @@ records no kernels, CUDA-graph replays timed with events are used instead (marke
 Printed per op: microseconds per call for both and ``native / flaggems`` (above 1: FlagGems is faster).
 Needs an NVIDIA GPU and FlagGems; elsewhere it says why and exits 2.
 
-    python benchmarks/flaggems_kernels.py [--n 20] [--repeats 3] [--ops mm_qkv,softmax] [--json out.json]
+    python -m benchmarks.flaggems_kernels [--n 20] [--repeats 3] [--ops mm_qkv,softmax] [--json out.json]
 """
 
 from __future__ import annotations

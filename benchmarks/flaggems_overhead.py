@@ -17,15 +17,15 @@ call costs before it reaches a kernel (the Python binding, the dispatcher, autog
 ``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
 
-    python benchmarks/flaggems_overhead.py [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
+    python -m benchmarks.flaggems_overhead [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
 
 ``--stand-in`` measures the same comparison without a GPU: flagos on the simulated accelerator, and the
-stand-in FlagGems of tests/fake_flaggems (CPU torch functions) as the flaggems backend. ``direct`` is then
+stand-in FlagGems of harness/fake_flaggems (CPU torch functions) as the flaggems backend. ``direct`` is then
 the stand-in's function on CPU tensors, ``native`` the torch call on CPU tensors, and the ops are the
 stand-in's. ``route - direct`` is the plugin's own cost (router, aliasing, the python route, adapters),
 the same code as on the GPU, where only the native device of the aliases differs:
 
-    FLAGOS_ACCELERATOR=sim python benchmarks/flaggems_overhead.py --stand-in --n 2000 --repeats 7
+    FLAGOS_ACCELERATOR=sim python -m benchmarks.flaggems_overhead --stand-in --n 2000 --repeats 7
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_fl
+from harness.fake_flaggems import stand_in
 from torch_fl import _flaggems, routing
 
 
@@ -56,14 +56,6 @@ def unavailable_reason() -> str:
     if not status.available:
         return f"FlagGems is unavailable: {status.reason}"
     return ""
-
-
-def use_stand_in() -> str:
-    """tests/fake_flaggems's flag_gems as the flaggems backend (simulated accelerator); '' or why not."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    from fake_flaggems import stand_in
-
-    return stand_in.install()
 
 
 def tensors(device: str) -> SimpleNamespace:
@@ -152,7 +144,7 @@ CASES = {
 }
 
 
-# The same for the stand-in FlagGems (tests/fake_flaggems), whose table is much smaller. Its functions are
+# The same for the stand-in FlagGems (harness/fake_flaggems), whose table is much smaller. Its functions are
 # Python wrappers over CPU torch ops, as FlagGems' are over Triton launches. `add_out` and `softmax` take
 # the out adapter of torch_fl/_flaggems.py, `mm_out` a function with an out argument, `max_dim` returns a
 # tuple, `add_` is in-place.
@@ -233,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stand-in",
         action="store_true",
-        help="no GPU: the simulated accelerator and the stand-in FlagGems of tests/fake_flaggems",
+        help="no GPU: the simulated accelerator and the stand-in FlagGems of harness/fake_flaggems",
     )
     args = parser.parse_args(argv)
-    reason = use_stand_in() if args.stand_in else unavailable_reason()
+    reason = stand_in.install() if args.stand_in else unavailable_reason()
     if reason:
         print(f"flaggems_overhead: cannot run here: {reason}", file=sys.stderr)
         return 2

@@ -15,14 +15,14 @@ of the two goes first, and medians are printed: microseconds per call, the ratio
 difference split into the call's parts (each timed alone in a loop of its own: matching the recording,
 copying the inputs in, the copy of the output, the capture check; the rest is the runner's bookkeeping).
 
-``--generate N``: also the counts behind one generated token of the tiny Qwen3 (``torch_fl._qwen3``),
+``--generate N``: also the counts behind one generated token of the tiny Qwen3 (``harness.qwen3``),
 greedy ``generate`` with a static cache and its decoding step compiled in reduce-overhead mode
 (``CompileConfig`` with ``_compile_all_devices``, as ``benchmarks/qwen3.py --compile`` decodes): three
 ``generate`` calls of N new tokens; for each, GraphRunner calls, recordings, replays and calls without
 replay, and Dynamo's graph breaks and recompiles. A token should take one replay and, after the first
 call's warm-up, nothing else; each call's new static cache takes one recording.
 
-    python benchmarks/graph_replay_overhead.py [--layers 28] [--cache-length 48] [--n 2000] [--repeats 7]
+    python -m benchmarks.graph_replay_overhead [--layers 28] [--cache-length 48] [--n 2000] [--repeats 7]
                                                [--generate 8]
 """
 
@@ -127,9 +127,9 @@ def generate_counts(new_tokens: int) -> None:
     import torch._dynamo.utils as dynamo_utils
     from transformers import CompileConfig
 
-    from torch_fl import _qwen3
+    from harness import qwen3
 
-    model = _qwen3.copy_to(_qwen3.build_model("tiny"), DEVICE)
+    model = qwen3.copy_to(qwen3.build_model("tiny"), DEVICE)
     prompt = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     calls = [0]
     original = graph_replay.GraphRunner.__call__
@@ -146,7 +146,7 @@ def generate_counts(new_tokens: int) -> None:
             config._compile_all_devices = True
             stats, before = graph_replay.stats(), calls[0]
             dynamo = {k: sum(dynamo_utils.counters[k].values()) for k in ("graph_break", "recompiles")}
-            _qwen3.greedy_generate(
+            qwen3.greedy_generate(
                 model, prompt, new_tokens, cache_implementation="static", compile_config=config
             )
             after = graph_replay.stats()

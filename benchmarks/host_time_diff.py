@@ -1,6 +1,6 @@
 """Where flagos's host time goes beyond a reference's, by profiler event: the table that
-``benchmarks/qwen3.py --host-diff`` and ``benchmarks/distributed.py --host-diff`` print. Each side is a
-mapping of event name -> [calls, self host microseconds] over the same work."""
+``python -m benchmarks.qwen3 --host-diff`` and ``python -m benchmarks.distributed --host-diff`` print. Each
+side is a mapping of event name -> [calls, self host microseconds] over the same work."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ that alternate which device goes first. Printed: microseconds per launch on both
 rounds), the median of the rounds' ratios, the difference, and the median ratio and difference over all ops. On the simulated accelerator the difference is what the
 flagos dispatch (router plus native route, or a basic kernel) adds over the native dispatch.
 
-    python benchmarks/op_overhead.py [--n 2000] [--repeats 9] [--ops add,mm]
-    python benchmarks/op_overhead.py --set qwen3    # the ops of a Qwen3-0.6B decode step, bf16, its shapes
+    python -m benchmarks.op_overhead [--n 2000] [--repeats 9] [--ops add,mm]
+    python -m benchmarks.op_overhead --set qwen3    # the ops of a Qwen3-0.6B decode step, bf16, its shapes
 
 ``--set qwen3`` times what one decode step of Qwen3-0.6B runs (batch 1, one new token, a 40-token cache)
 with the model's shapes and dtype: a projection (``F.linear``: t, matmul's reshape, mm, _unsafe_view), the
@@ -35,19 +35,13 @@ import torch
 import torch.nn.functional as F
 
 import torch_fl  # noqa: F401  (registers the flagos device)
+from benchmarks.common import synchronize
 
 
 def native_device() -> str:
     """The device type flagos runs on underneath: the torch device type backing it (cuda), else CPU (the
     simulated accelerator's kernels)."""
     return torch_fl._C._backing_type() or "cpu"
-
-
-def synchronize(device: str) -> None:
-    if device == "flagos":
-        torch.flagos.synchronize()
-    elif device == "cuda":
-        torch.cuda.synchronize()
 
 
 def make_cases(device: str) -> dict:

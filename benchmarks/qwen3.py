@@ -14,14 +14,14 @@ its range say how far one run's ratio can be trusted.
   tokens after the first, timed from the first new token to the last (prefill excluded);
 - train: forward, backward and an AdamW step (foreach) on ``--batch x --train-length`` tokens, in the
   model's dtype. A CUDA backward cannot run in a process that imported torch_fl (a torch limitation, see
-  ``_qwen3.backward_runs_here``), so against CUDA the reference's steps run in a fresh process on the same
-  GPU, before flagos's, not interleaved with them.
+  ``harness.processes.backward_runs_here``), so against CUDA the reference's steps run in a fresh process on
+  the same GPU, before flagos's, not interleaved with them.
 
 ``--compile``: the same three measurements under ``torch.compile`` (Inductor, default mode) on both devices:
 prefill through the compiled model, decode through ``generate`` with a static cache and its decoding step
 compiled (a ``CompileConfig`` in ``--decode-mode``, reduce-overhead by default, on both devices), and the
-whole training step compiled (``_qwen3.compiled_train_step``). Compiled runs warm up twice. Also the first
-call of each, compilation included, with empty Inductor and Triton caches on each device: this process
+whole training step compiled (``harness.qwen3.compiled_train_step``). Compiled runs warm up twice. Also
+the first call of each, compilation included, with empty Inductor and Triton caches on each device: this process
 starts with empty caches and flagos runs first; the reference's first prefill and decode run in a fresh
 process of their own before (in this one it would find flagos's kernels compiled: the same Triton or C++
 source), in the same order; compiled training runs in a fresh process per device (the reference's never
@@ -39,8 +39,8 @@ compiled) in DIR, keyed by its settings, and a later run with the same settings 
 run cut short after the reference's training goes on with flagos's. The report says which were taken.
 ``--side-by-side`` (with ``--compile``) runs the two compiled training processes at the same time instead
 of one after the other, on the same GPU and CPUs, and once both have compiled, their timed steps take turns
-in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``_qwen3.Turns``), so that only one runs
-at a time and each block of one device has a block of the other beside it: the pairs of block medians give
+in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``harness.processes.Turns``), so that
+only one runs at a time and each block of one device has a block of the other beside it: the pairs of block medians give
 a paired ratio. A compiled training step at the 0.6b shape waits on the host, and it wandered between 33
 and 64 ms a step within minutes on both devices (2x H200, 2026-11-27); run one after the other, or at the
 same time on two GPUs, the two devices met different host states (the GPU and CPUs a process ran on
@@ -61,7 +61,7 @@ CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op u
 and the N aten ops whose self host time on flagos exceeds the reference's most, with their calls on both:
 where the inference overhead goes.
 
-``--graphs``: greedy decode with a static KV cache (``torch_fl._static_decode``), batch 1, 16-token prompt,
+``--graphs``: greedy decode with a static KV cache (``harness.static_decode``), batch 1, 16-token prompt,
 ``--new-tokens`` tokens, in tokens/s of the decode loop: the reference device eager and with its graph
 (``torch.cuda.CUDAGraph`` on cuda), flagos eager and with ``torch.flagos.FlagosGraph`` for each config, and
 Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
@@ -73,11 +73,11 @@ same step run eagerly: equal, or parting only at a near tie (noted with the top-
 fails the benchmark. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph /
 reference eager, the same for the compiled step's graph, and Hugging Face static on flagos / on the reference.
 
-    python benchmarks/qwen3.py [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
+    python -m benchmarks.qwen3 [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
                                [--parts prefill,decode,train] [--train-results DIR] [--side-by-side [second]]
-    python benchmarks/qwen3.py --graphs [--configs native,flaggems.conf] [--new-tokens 64]
+    python -m benchmarks.qwen3 --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ import time
 import torch
 
 import torch_fl
-from torch_fl import _qwen3
+from benchmarks import common
+from harness import processes, qwen3
 
 _PARTS = ("prefill", "decode", "train")
 _DEFAULTS = {  # shape -> (prompt length, new tokens, batch, train length); 0.6b as in docs/design.md
@@ -107,10 +108,10 @@ _DEFAULTS = {  # shape -> (prompt length, new tokens, batch, train length); 0.6b
 
 
 def _timed(fn, device: str) -> float:
-    _qwen3.synchronize(device)
+    common.synchronize(device)
     start = time.perf_counter()
     fn()
-    _qwen3.synchronize(device)
+    common.synchronize(device)
     return time.perf_counter() - start
 
 
@@ -156,17 +157,17 @@ class Workload:
     ):
         prompt_length, self.new_tokens, batch, train_length = sizes
         self.device = device
-        self.spec = spec  # how to build `master` again (_qwen3.build_model's arguments)
+        self.spec = spec  # how to build `master` again (qwen3.build_model's arguments)
         # decode_mode None: eager; else torch.compile everywhere, generate's decoding step in this mode
         self.decode_mode = decode_mode
         if "prefill" in parts or "decode" in parts:
-            self.model = _qwen3.copy_to(master, device)
+            self.model = qwen3.copy_to(master, device)
             self.prefill_model = torch.compile(self.model) if decode_mode else self.model
         # A compiled training step runs in a fresh process on both devices (train_elsewhere), so that its
         # first call compiles with empty caches on each; an eager one here, where a backward can run.
-        self.trains_here = "train" in parts and not decode_mode and _qwen3.backward_runs_here(device)
+        self.trains_here = "train" in parts and not decode_mode and processes.backward_runs_here(device)
         if self.trains_here:
-            self.train_model = _qwen3.copy_to(master, device).train()
+            self.train_model = qwen3.copy_to(master, device).train()
             self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
         g = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(0, vocab, (1, prompt_length), generator=g).to(device)
@@ -196,17 +197,17 @@ class Workload:
             compile_config = CompileConfig(mode=self.decode_mode)
             compile_config._compile_all_devices = True  # transformers compiles on cuda-like devices only
             generation = dict(cache_implementation="static", compile_config=compile_config)
-        _qwen3.synchronize(self.device)
+        common.synchronize(self.device)
         wall, cpu = time.perf_counter(), time.thread_time()
-        _qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock, **generation)
-        _qwen3.synchronize(self.device)
+        qwen3.greedy_generate(self.model, self.decode_prompt, self.new_tokens, streamer=clock, **generation)
+        common.synchronize(self.device)
         self.last_seconds = time.perf_counter() - wall
         self.decode_busy.append((time.thread_time() - cpu) / self.last_seconds)
         return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
     def train(self) -> float:
         ids = self.train_ids.to(self.device)
-        self.last_seconds = _timed(lambda: _qwen3.train_step(self.train_model, self.opt, ids), self.device)
+        self.last_seconds = _timed(lambda: qwen3.train_step(self.train_model, self.opt, ids), self.device)
         return self.last_seconds
 
     def saved_key(self, repeats: int, config_file: str, side_by_side: bool) -> dict:
@@ -239,7 +240,7 @@ class Workload:
         own. One warm-up step (two compiled), then ``repeats`` (at least _STEPS_ELSEWHERE): returns the first
         step's seconds (compilation included) and the timed steps'. With ``saved`` (a folder), a result of
         the same settings saved there by an earlier run is taken instead (where ``reuse``), and a new one is
-        saved. ``turns``: the arguments of ``_qwen3.Turns`` for a side-by-side run."""
+        saved. ``turns``: the arguments of ``processes.Turns`` for a side-by-side run."""
         compile = self.decode_mode is not None
         warmup = 2 if compile else 1  # as measure() warms up
         repeats = max(repeats, _STEPS_ELSEWHERE)
@@ -254,8 +255,8 @@ class Workload:
             env = _fresh_compiler_caches(caches) if compile else {}
             if self.device == "flagos":
                 env["FLAGOS_BACKEND_CONFIG"] = config_file
-            times = _qwen3.run_in_clean_process(
-                "time_train_steps",
+            times = processes.run_in_clean_process(
+                "benchmarks.common:time_train_steps",
                 self.spec,
                 env=env,
                 with_torch_fl=self.device == "flagos",
@@ -299,7 +300,7 @@ class Result:
 
 def train_side_by_side(elsewhere, repeats: int, config_file: str, saved: str | None):
     """The training runs of ``elsewhere`` ((key, workload) pairs, both devices) in two processes at the same
-    time, their timed steps in turns (``_qwen3.Turns``): each device's first step and timed steps by key.
+    time, their timed steps in turns (``processes.Turns``): each device's first step and timed steps by key.
     A run that fails stops the other's waiting."""
     keys = [key for key, _ in elsewhere]
     # Both saved or both run: a run kept from before would leave the other running alone.
@@ -370,7 +371,7 @@ def measure(
         if len(workloads) == 2:
             pairs = [f / r for r, f in zip(samples["ref"], samples["fl"], strict=True)]
         elif side_by_side and name == "train":
-            pairs = _qwen3.Turns.block_pairs(samples["ref"], samples["fl"])
+            pairs = processes.Turns.block_pairs(samples["ref"], samples["fl"])
         else:
             pairs = []
         results[name] = Result(
@@ -380,7 +381,7 @@ def measure(
             first,
         )
         print(f"  .. {name}: done", flush=True)
-    _qwen3.let_autograd_threads_finish()
+    processes.let_autograd_threads_finish()
     return results
 
 
@@ -400,8 +401,8 @@ def reference_first_calls(spec: dict, reference: str, sizes, vocab: int, decode_
     prompt = torch.randint(0, vocab, (1, sizes[0]), generator=g)
     decode_prompt = torch.randint(0, vocab, (1, 16), generator=g)
     with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
-        return _qwen3.run_in_clean_process(
-            "time_first_calls",
+        return processes.run_in_clean_process(
+            "benchmarks.common:time_first_calls",
             spec,
             env=_fresh_compiler_caches(caches),
             device=reference,
@@ -451,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", metavar="PATH", help="a local Hugging Face causal-LM directory")
-    parser.add_argument("--shape", choices=list(_qwen3.SHAPES), help="default: 0.6b on a GPU, tiny otherwise")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *_qwen3.DTYPES])
+    parser.add_argument("--shape", choices=list(qwen3.SHAPES), help="default: 0.6b on a GPU, tiny otherwise")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *qwen3.DTYPES])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--configs", default="native", help="comma-separated: native and/or config files")
     parser.add_argument("--prompt-length", type=int, help="prefill prompt length (tiny 128, 0.6b 512)")
@@ -517,9 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    reference = _qwen3.reference_device()
-    dtype = _qwen3.parse_dtype(args.dtype, reference)
-    shape = args.shape or _qwen3.default_shape(reference)
+    reference = qwen3.reference_device()
+    dtype = qwen3.parse_dtype(args.dtype, reference)
+    shape = args.shape or qwen3.default_shape(reference)
     defaults = _DEFAULTS["tiny" if args.model is None and shape == "tiny" else "0.6b"]
     sizes = tuple(
         given if given is not None else default
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         f"reference {reference}, {torch.get_num_threads()} CPU threads, repeats {args.repeats}"
     )
     spec = dict(shape=shape, seed=0, dtype=dtype, model_path=args.model)
-    master = _qwen3.build_model(**spec)
+    master = qwen3.build_model(**spec)
     c = master.config
     print(
         f"model: {args.model or f'Qwen3 {shape} shape, random weights'}, {str(dtype).replace('torch.', '')}, "
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
     )
     if args.graphs:
-        from qwen3_graphs import graphs_main
+        from benchmarks.qwen3_graphs import graphs_main
 
         return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats, _use_config)
     decode_mode = args.decode_mode if args.compile else None
@@ -573,12 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         for index, config in enumerate(configs):
             name = _use_config(config, native_file)
             print(f"\nconfig {name}")
-            _qwen3.reset_routing_counts()
+            qwen3.reset_routing_counts()
             config_file = native_file if config == "native" else config
             results = measure(
                 ref, fl, args.repeats, parts, config_file, args.train_results, args.side_by_side
             )
-            counts = _qwen3.routing_counts()
+            counts = qwen3.routing_counts()
             report(results, sizes, reference, ref_first if args.compile and index == 0 else None)
             if "decode" in parts:
                 busy = [
@@ -587,9 +588,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)"
                 )
-            print(f"  op calls on flagos by backend: {_qwen3.format_counts(counts)}")
+            print(f"  op calls on flagos by backend: {qwen3.format_counts(counts)}")
             if args.top_ops or args.host_diff:
-                import qwen3_profile
+                from benchmarks import qwen3_profile
 
                 if args.top_ops:
                     qwen3_profile.top_ops(

@@ -1,6 +1,6 @@
-"""``benchmarks/qwen3.py --graphs``: static-cache greedy decode, eager and replayed as graphs, on the reference
-device and on flagos for each routing config, against Hugging Face's ``generate(cache_implementation=
-"static")`` (see qwen3.py's description)."""
+"""``python -m benchmarks.qwen3 --graphs``: static-cache greedy decode, eager and replayed as graphs, on the
+reference device and on flagos for each routing config, against Hugging Face's
+``generate(cache_implementation="static")`` (see qwen3.py's description)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import time
 
 import torch
 
-from torch_fl import _qwen3
+from harness import processes, qwen3
 
 
 def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int, compile_step=False):
     """Median decode speed of ``repeats`` runs after a warm-up run, the last run's tokens; with
     ``compile_step`` also the tokens of the compiled step run eagerly (the graph run's parity reference),
     None otherwise."""
-    from torch_fl._static_decode import StaticGreedyDecoder
+    from harness.static_decode import StaticGreedyDecoder
 
     decoder = StaticGreedyDecoder(model, graphs=graphs, compile_step=compile_step)
     speeds, tokens = [], None
@@ -36,8 +36,8 @@ def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, co
     """Hugging Face's static-cache generate on ``device`` in a fresh process: on the reference one that never
     imports torch_fl; on flagos one that does, with routing config ``config_file``, and the forward compiled
     as generate compiles it on cuda (transformers compiles on cuda-like devices only unless told)."""
-    per_token = _qwen3.run_in_clean_process(
-        "hf_static_decode_seconds",
+    per_token = processes.run_in_clean_process(
+        "benchmarks.common:hf_static_decode_seconds",
         spec,
         env={"FLAGOS_BACKEND_CONFIG": config_file} if device == "flagos" else None,
         with_torch_fl=device == "flagos",
@@ -71,8 +71,8 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 def _parity(model, ids, expected: torch.Tensor, actual: torch.Tensor, what: str, failures, notes) -> None:
     """Two greedy runs that should agree: equal, or first parting at a near tie of ``expected``'s step (a
-    note), by ``_qwen3.greedy_divergence``'s rule: the model's logits for the common prefix (one eager forward
-    on the runs' device) put ``actual``'s token within the dtype's tolerance of the top logit. Anything else
+    note), by ``harness.qwen3.greedy_divergence``'s rule: the model's logits for the common prefix (one eager
+    forward on the runs' device) put ``actual``'s token within the dtype's tolerance of the top logit. Anything else
     is a failure. Random weights give flat logits, so long runs meet exact ties (a margin of 0.0 in bf16)."""
     step = _first_difference(expected, actual)
     if step is None:
@@ -82,7 +82,7 @@ def _parity(model, ids, expected: torch.Tensor, actual: torch.Tensor, what: str,
     with torch.no_grad():
         logits = model(prefix).logits[:, -1].float().cpu()
     step_logits = [None] * step + [logits]
-    why = _qwen3.greedy_divergence(
+    why = qwen3.greedy_divergence(
         torch.cat([ids.cpu(), expected], 1),
         torch.cat([ids.cpu(), actual], 1),
         step_logits,
@@ -104,7 +104,7 @@ def graphs_main(
     """``use_config(config, native_file)`` loads a routing config (qwen3.py's)."""
     ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     rows, failures, notes = _Rows(), [], []
-    ref_model = _qwen3.copy_to(master, reference)
+    ref_model = qwen3.copy_to(master, reference)
     rows[f"{reference} eager"], ref_tokens, _ = _decode_tokens_per_s(
         ref_model, ids.to(reference), new_tokens, False, repeats
     )
@@ -128,7 +128,7 @@ def graphs_main(
             notes,
         )
     del ref_model
-    fl_model = _qwen3.copy_to(master, "flagos")
+    fl_model = qwen3.copy_to(master, "flagos")
     with tempfile.TemporaryDirectory() as tmp:
         native_file = os.path.join(tmp, "native.conf")
         with open(native_file, "w") as f:

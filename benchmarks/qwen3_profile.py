@@ -1,5 +1,5 @@
-"""``benchmarks/qwen3.py --top-ops`` and ``--host-diff``: where flagos's time goes, by aten op, under the
-profiler (see qwen3.py's description)."""
+"""``python -m benchmarks.qwen3 --top-ops`` and ``--host-diff``: where flagos's time goes, by aten op, under
+the profiler (see qwen3.py's description)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import torch
 
 import torch_fl
-from torch_fl import _qwen3
+from harness import processes
 
 
 def _explain(name: str) -> str | None:
@@ -65,7 +65,7 @@ def top_ops(fl, n: int, parts: list[str]) -> None:
     with profile(activities=activities) as prof:
         for part in parts:
             getattr(fl, part)()
-    _qwen3.let_autograd_threads_finish()
+    processes.let_autograd_threads_finish()
     ops: dict[str, list[float]] = {}  # name -> [calls, self device us, self CPU us]
     for event in prof.events():
         if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
@@ -114,7 +114,7 @@ def _host_us_by_op(work) -> tuple[dict[str, list[float]], float]:
 def host_diff(ref, fl, n: int) -> None:
     """Where flagos's inference host time goes beyond the reference's: one prefill and one decode profiled
     on each device, aten ops by the difference of their self host time (calls, host ms on both)."""
-    import host_time_diff  # beside this file
+    from benchmarks import host_time_diff
 
     ref_ops, ref_wall = _host_us_by_op(ref)
     fl_ops, fl_wall = _host_us_by_op(fl)

@@ -5,7 +5,7 @@ each timed on flagos tensors and on cuda tensors of the same sizes; the median o
 with the ratio flagos/cuda (bandwidth: higher is better, target >= 0.95; allocation time: lower is better,
 target <= 1.10). Needs flagos backed by CUDA (the NVIDIA machine):
 
-    python benchmarks/transfers.py [--mib 256] [--repeats 20] [--alloc-n 20000]
+    python -m benchmarks.transfers [--mib 256] [--repeats 20] [--alloc-n 20000]
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import time
 import torch
 
 import torch_fl
+from benchmarks.common import synchronize
 
 
 def sync() -> None:
-    torch.cuda.synchronize()
-    torch.flagos.synchronize()
+    """Both devices of a transfer: flagos's and the CUDA device flagos runs on."""
+    synchronize("cuda")
+    synchronize("flagos")
 
 
 def bandwidth_gbs(copy, nbytes: int, repeats: int, inner: int = 5) -> float:

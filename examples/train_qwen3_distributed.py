@@ -1,7 +1,8 @@
-"""Qwen3 trained with stock DDP or FSDP2, one process per device, launched by torchrun:
+"""Qwen3 trained with stock DDP or FSDP2, one process per device, launched by torchrun from the repository's
+root:
 
-    torchrun --nproc-per-node 2 examples/train_qwen3_distributed.py --strategy ddp
-    torchrun --nproc-per-node 2 examples/train_qwen3_distributed.py --strategy fsdp2
+    torchrun --nproc-per-node 2 -m examples.train_qwen3_distributed --strategy ddp
+    torchrun --nproc-per-node 2 -m examples.train_qwen3_distributed --strategy fsdp2
 
 Each rank trains on flagos:<LOCAL_RANK>. The process group names no backend: flagos, torch's accelerator
 once torch_fl is imported, brings its own (NCCL on NVIDIA GPUs, gloo over host memory on the simulated
@@ -9,8 +10,9 @@ accelerator; docs/distributed.md). The shape is Qwen3 tiny on the simulated acce
 architecture (random weights, nothing downloaded) on GPUs, trained in bfloat16 mixed precision there.
 
 ``--device cuda`` (NCCL) or ``--device cpu`` (gloo) runs the same training as the reference flagos is
-compared with (benchmarks/distributed.py): such a process never imports torch_fl, so it is plain PyTorch
-(a CUDA backward cannot run in a process that imported torch_fl, pytorch#161129). ``--results FILE``
+compared with (benchmarks/distributed.py): such a process never imports torch_fl (nor does ``harness``, the
+repository's Qwen3 helpers), so it is plain PyTorch (a CUDA backward cannot run in a process that imported
+torch_fl, pytorch#161129). ``--results FILE``
 writes rank 0's losses and step times as JSON; ``--profile-steps N`` adds N steps profiled on rank 0
 (each event's self host time, benchmarks/distributed.py --host-diff). ``--turns FOLDER:ME`` runs the
 steps after the first ``--untimed`` in turns with another launch (benchmarks/distributed.py
@@ -22,7 +24,6 @@ the reference). Needs Hugging Face transformers.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -30,6 +31,10 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from harness import qwen3
+from harness.cpus import bind_to_cpus, cpu_list
+from harness.processes import Turns, let_autograd_threads_finish
 
 
 def parse_args(turn_block: int):
@@ -84,51 +89,6 @@ def parse_args(turn_block: int):
     if args.profile_steps < 0:
         p.error(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
     return args
-
-
-def cpu_list(text: str) -> set[int]:
-    """The CPUs of a list as taskset -c writes them: "0-3,8,10-11"."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        if not first.isdigit() or not (last.isdigit() or not last):
-            raise ValueError(f"{part!r} is not a CPU number or range")
-        if last and int(last) < int(first):
-            raise ValueError(f"{part!r} is an empty range")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def bind_to_cpus(lists: list[set[int]], local_rank: int) -> None:
-    """Runs this process's threads, and so those they start, on ``lists[local_rank]``."""
-    if local_rank >= len(lists):
-        raise SystemExit(f"--cpus has {len(lists)} list(s), none for local rank {local_rank}")
-    cpus = lists[local_rank]
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:
-            pass  # the thread ended
-        except OSError as e:
-            raise SystemExit(f"--cpus: local rank {local_rank} cannot run on CPUs {sorted(cpus)}: {e}") from e
-
-
-def load_qwen3_helpers():
-    """torch_fl's Qwen3 helpers (torch_fl/_qwen3.py) loaded as a file: importing them as
-    ``torch_fl._qwen3`` would import torch_fl itself, which the reference devices must not."""
-    spec = importlib.util.find_spec("torch_fl")  # finds the package without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("torch_fl is not installed: pip install --no-build-isolation -e . (README.md)")
-    # An editable install lists the build's folder (the compiled part) beside the sources.
-    paths = [os.path.join(d, "_qwen3.py") for d in spec.submodule_search_locations]
-    path = next((p for p in paths if os.path.isfile(p)), None)
-    if path is None:
-        raise SystemExit(f"torch_fl's _qwen3.py is in none of {list(spec.submodule_search_locations)}")
-    module_spec = importlib.util.spec_from_file_location("_qwen3_helpers", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # its dataclasses look their module up there
-    module_spec.loader.exec_module(module)
-    return module
 
 
 def set_up(kind: str, local_rank: int) -> tuple[torch.device, bool]:
@@ -209,8 +169,7 @@ def profile_host(args, rank: int, train_step) -> dict | None:
 
 
 def main() -> None:
-    qwen3 = load_qwen3_helpers()
-    args = parse_args(qwen3.Turns.BLOCK)
+    args = parse_args(Turns.BLOCK)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.cpus is not None:
         bind_to_cpus(args.cpus, local_rank)
@@ -263,7 +222,7 @@ def main() -> None:
         # loss back, so the whole launch is idle while the other side runs.
         for _ in range(args.untimed):
             record_step()
-        turns = qwen3.Turns(*args.turns, marks=rank == 0)
+        turns = Turns(*args.turns, marks=rank == 0)
         turns.take(record_step, args.steps - args.untimed)
     else:
         for _ in range(args.steps):
@@ -290,7 +249,7 @@ def main() -> None:
             json.dump(results, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
-    qwen3.let_autograd_threads_finish()
+    let_autograd_threads_finish()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import torch_fl  # noqa: F401  (registers the flagos device before any test module is collected)
+from harness.processes import python_env
 
 SUBPROCESS_TIMEOUT_S = 90
 
@@ -32,10 +33,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def clean_env(overrides: dict | None = None) -> dict:
-    """The current environment without any FLAGOS_* variable, plus `overrides`."""
+    """The current environment without any FLAGOS_* variable, plus `overrides`, with the repository's root
+    on PYTHONPATH after the entries `overrides` puts there (`harness`, `benchmarks`, `tools`, `examples`)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("FLAGOS_")}
     env.update({key: str(value) for key, value in (overrides or {}).items()})
-    return env
+    first = tuple(p for p in (overrides or {}).get("PYTHONPATH", "").split(os.pathsep) if p)
+    return python_env(env, first=first)
 
 
 class PythonResult:

@@ -1,6 +1,6 @@
 """Cases of tests/test_semantics_cuda.py that need cuda's autograd: they run once on flagos in the test
 process and once on cuda in a fresh process that never imports torch_fl (a CUDA backward cannot run in a
-process that imported it, pytorch#161129; see torch_fl._qwen3.run_in_clean_process). This module must not
+process that imported it, pytorch#161129; see harness.processes.run_in_clean_process). This module must not
 import torch_fl.
 
     python tests/semantics_cuda_cases.py RESULT.pt      # the cuda side: every case, saved to RESULT.pt

@@ -317,13 +317,13 @@ def test_cuda_backward_beside_flagos_is_a_known_torch_limitation():
     torch's autograd engine then fails any backward over CUDA tensors with an internal assert
     (pytorch/pytorch#161129). Backward on flagos works. docs/design.md says what to do; if this test starts
     failing because the CUDA backward works, torch fixed it: drop the clean-process reference in
-    torch_fl/_qwen3.py and the note in the docs."""
+    harness/processes.py and the note in the docs."""
     x = torch.ones(4, device="flagos", requires_grad=True)
     (x * 2).sum().backward()
     assert x.grad.device.type == "flagos" and x.grad.cpu().tolist() == [2.0] * 4
     y = torch.ones(4, device="cuda", requires_grad=True)
     with pytest.raises(RuntimeError, match="opt_ready_stream && opt_parent_stream"):
         (y * 2).sum().backward()
-    from torch_fl import _qwen3
+    from harness import processes
 
-    assert not _qwen3.backward_runs_here("cuda")
+    assert not processes.backward_runs_here("cuda")

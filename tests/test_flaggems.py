@@ -4,7 +4,7 @@ importing torch_fl imports neither flag_gems nor triton.
 
 The route itself (FlagGems' table read through the registrar protocol, its functions called with aliased
 tensors, ``out`` adapters, separation from the python backend) is tested here with a stand-in for FlagGems
-(tests/fake_flaggems) whose functions are CPU torch ops, so they run on the simulated accelerator's
+(harness/fake_flaggems) whose functions are CPU torch ops, so they run on the simulated accelerator's
 aliases. Availability is decided once per process, so every test runs in a subprocess. The real FlagGems
 on a GPU: tests/test_flaggems_gpu.py.
 """
@@ -12,12 +12,13 @@ on a GPU: tests/test_flaggems_gpu.py.
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 
 import pytest
 
-FAKE = str(pathlib.Path(__file__).parent / "fake_flaggems")
+from harness.fake_flaggems import stand_in
+
+FAKE = stand_in.FOLDER  # first on the PYTHONPATH of subprocesses: `import flag_gems` finds the stand-in
 SIM = {"FLAGOS_ACCELERATOR": "sim"}
 
 

@@ -39,6 +39,12 @@ def sweep():
     return flaggems_sweep
 
 
+def common():
+    from tools import flaggems_common
+
+    return flaggems_common
+
+
 @pytest.fixture(scope="module")
 def gems():
     """FlagGems loaded as the flaggems backend (skips where it is not usable: test_flaggems_is_available
@@ -100,7 +106,7 @@ def flaggems_routes(entries: list[str]):
     for entry in entries:
         ops = [op for op in entry.split("|") if _flaggems.implementation(op) is not None]
         assert ops, f"FlagGems implements none of {entry}"
-        families.append((entry, [sweep().CallCounter(op) for op in ops]))
+        families.append((entry, [common().CallCounter(op) for op in ops]))
     counters = [counter for _, family in families for counter in family]
     with contextlib.ExitStack() as stack:
         for counter in counters:
@@ -124,7 +130,7 @@ def check(fn, inputs, ops, dtype, scale: float = 1.0):
     flagos_inputs = to_flagos(inputs)
     with flaggems_routes(ops):
         actual = fn(*flagos_inputs)
-    tolerances = [sweep().tolerance(dtype, op) for op in ops]
+    tolerances = [common().tolerance(dtype, op) for op in ops]
     rtol, atol = scale * max(t[0] for t in tolerances), scale * max(t[1] for t in tolerances)
     expected_list = expected if isinstance(expected, (tuple, list)) else [expected]
     actual_list = actual if isinstance(actual, (tuple, list)) else [actual]

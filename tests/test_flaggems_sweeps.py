@@ -1,4 +1,4 @@
-"""FlagGems' sweeps on the simulated accelerator, with the stand-in FlagGems (tests/fake_flaggems): the
+"""FlagGems' sweeps on the simulated accelerator, with the stand-in FlagGems (harness/fake_flaggems): the
 OpInfo sweep (tools/flaggems_sweep.py) end to end, the model-shape sweep (tools/flaggems_model_sweep.py)
 taking failing ops out of a config, and the sweep's variants reaching their overloads. The backend itself:
 tests/test_flaggems.py.
@@ -203,11 +203,12 @@ def test_sweep_variants_reach_their_overloads():
     # abs (the python backend records which), computes what the CPU computes, and "grad" returns the
     # gradient autograd gives.
     import torch
-    from opinfo import harness, variants
 
+    from harness import opinfo as harness_opinfo
+    from harness import opinfo_variants as variants
     from torch_fl import routing
 
-    opinfo = harness.load_op_db()["abs"]
+    opinfo = harness_opinfo.load_op_db()["abs"]
     sample = next(iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True)))
     reached = []
 

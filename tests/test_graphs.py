@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import torch_fl  # noqa: F401
-from torch_fl import _qwen3, routing
-from torch_fl._static_decode import StaticGreedyDecoder
+from harness import qwen3
+from harness.static_decode import StaticGreedyDecoder
+from torch_fl import routing
 
 DEV = "flagos"
 BACKED = torch_fl._C._backing_type() is not None
@@ -471,9 +472,9 @@ def test_torch_accelerator_graph_runs_on_flagos():
 
 
 def _decode_ids(dtype, shape, new_tokens, compile_step=False):
-    model = _qwen3.build_model(shape, dtype=dtype)
+    model = qwen3.build_model(shape, dtype=dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
-    flagos_model = _qwen3.copy_to(model, DEV)
+    flagos_model = qwen3.copy_to(model, DEV)
     eager = StaticGreedyDecoder(flagos_model, graphs=False, compile_step=compile_step)
     graphed = StaticGreedyDecoder(flagos_model, graphs=True, compile_step=compile_step)
     return eager.generate(ids.to(DEV), new_tokens).cpu(), graphed.generate(ids.to(DEV), new_tokens).cpu()
@@ -524,11 +525,11 @@ def test_qwen3_06b_forward_graph_bitwise_gpu(seq):
     # A one-token forward replays eager's logits bitwise. At 64 tokens CUDA's own graph differs from its
     # eager forward in the last bits (H100, torch 2.11; docs/graphs.md), so there flagos must equal cuda
     # bitwise, eager and replayed alike.
-    master = _qwen3.build_model("0.6b", dtype=torch.bfloat16)
+    master = qwen3.build_model("0.6b", dtype=torch.bfloat16)
     ids = torch.randint(0, master.config.vocab_size, (1, seq), generator=torch.Generator().manual_seed(1))
     results = {}
     for device in ("flagos", "cuda"):
-        model = _qwen3.copy_to(master, device)
+        model = qwen3.copy_to(master, device)
         results[device] = _forward_eager_and_replayed(model, ids.to(device), device)
         del model
     (fl_eager, fl_graph), (cuda_eager, cuda_graph) = results["flagos"], results["cuda"]

@@ -22,7 +22,8 @@ import test_flaggems_gpu
 import torch
 from test_flaggems_gpu import HIDDEN, qwen3_layer, qwen3_params, rope, shipped_flaggems_ops
 
-from tools.flaggems_capture_audit import RouteCallCounter, bitwise_equal
+from tools.flaggems_capture_ops import bitwise_equal
+from tools.flaggems_capture_worker import RouteCallCounter
 from torch_fl import _flaggems, routing
 
 pytestmark = pytest.mark.gpu

@@ -55,7 +55,7 @@ with its outputs written; ``--resume FILE`` audits only the ops an earlier run d
     python -m tools.flaggems_capture_audit --out-dir /tmp/c --ops aten::_softmax,aten::bmm --workers 2 -v
 
 Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``. ``--stand-in``
-runs it on the simulated accelerator with tests/fake_flaggems, a dry run of the pipeline on a machine
+runs it on the simulated accelerator with harness/fake_flaggems, a dry run of the pipeline on a machine
 without a GPU; there no flaggems call can be captured (the python route reads its aliases as host memory,
 a blocking copy the capture refuses), and ``--backend native`` checks the capture checks themselves.
 
@@ -81,25 +81,19 @@ import threading
 import time
 import types
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from tools import flaggems_common as common  # noqa: E402
-from tools import flaggems_model_sweep as model_sweep  # noqa: E402
-from tools.flaggems_capture_ops import (  # noqa: E402, F401  (bitwise_equal: re-exported, tests use it)
+from harness.processes import REPO_ROOT, python_env
+from tools import flaggems_common as common
+from tools import flaggems_model_sweep as model_sweep
+from tools.flaggems_capture_ops import (
     audit_order,
-    bitwise_equal,
     config_cases,
     family,
     guessed_cases,
     ordered_cases,
 )
-from tools.flaggems_capture_worker import (  # noqa: E402, F401  (RouteCallCounter: re-exported, tests use it)
+from tools.flaggems_capture_worker import (
     CONTEXT_BROKEN_EXIT,
     PROTOCOL,
-    RouteCallCounter,
     must_end,
     run_worker,
 )
@@ -129,11 +123,13 @@ class Worker:
         self.index = index
         self.log_path = os.path.join(log_dir, f"worker-{index}.log")
         # Only the audited op is ever routed to flaggems: no config or FLAGOS_OP_* routes of the caller's.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k != "FLAGOS_BACKEND_CONFIG" and not k.startswith("FLAGOS_OP_")
-        }
+        env = python_env(
+            {
+                k: v
+                for k, v in os.environ.items()
+                if k != "FLAGOS_BACKEND_CONFIG" and not k.startswith("FLAGOS_OP_")
+            }
+        )
         # Its own FlagGems cache: no autotuning results of earlier runs or other workers ("cold"), and no
         # concurrent writers of one sqlite file.
         env["FLAGGEMS_CACHE_DIR"] = os.path.join(cache_root, f"flaggems_cache{index}")
@@ -305,7 +301,8 @@ def run_parent(args, items: list[dict], log, start: float, checkpoint, stats: di
     budget. ``stats["workers_ended_after_failed_capture"]`` counts those ended by ``replace_worker``."""
     command = [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "tools.flaggems_capture_audit",
         "--worker",
         "-",
         "--sample-timeout",
@@ -558,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         header = {
             "environment": common.environment_line(),
             "date": datetime.date.today().isoformat(),
-            "config": os.path.relpath(config, _REPO) if config.startswith(_REPO) else config,
+            "config": os.path.relpath(config, REPO_ROOT) if config.startswith(REPO_ROOT) else config,
             "dtypes": preferred,
             "warmup": args.warmup,
             "workers": args.workers,

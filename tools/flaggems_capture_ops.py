@@ -8,21 +8,15 @@ from __future__ import annotations
 import linecache
 import os
 import re
-import sys
 
 import torch
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from opinfo import harness  # noqa: E402
-from opinfo.variants import split_case  # noqa: E402
-
-from tools import flaggems_common as common  # noqa: E402
-from tools import flaggems_model_sweep as model_sweep  # noqa: E402
-from tools import flaggems_sweep as sweep  # noqa: E402
+from harness import opinfo as opinfo_harness
+from harness.opinfo_variants import split_case
+from harness.processes import REPO_ROOT
+from tools import flaggems_common as common
+from tools import flaggems_model_sweep as model_sweep
+from tools import flaggems_sweep as sweep
 
 # Audited first: the ops a Qwen3 forward reaches on flagos backed by CUDA (projections: mm, or addmm with a
 # bias; attention: SDPA's kernels or, in its math form, bmm and softmax; RMSNorm: pow, mean, add, rsqrt,
@@ -234,8 +228,8 @@ def error_record(exc: BaseException) -> dict:
         return next((f for f in reversed(frames) if re.search(pattern, f.split(" ", 1)[0])), "")
 
     return {
-        "error": harness.short_message(root),
-        "errors": [harness.short_message(x) for x in chain],
+        "error": opinfo_harness.short_message(root),
+        "errors": [opinfo_harness.short_message(x) for x in chain],
         "frames": frames[-12:],
         "flaggems_frame": innermost(r"flag_gems"),
         "triton_frame": innermost(r"(^|/)triton/"),
@@ -246,7 +240,7 @@ def short_path(path: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             return path.split(marker, 1)[1]
-    return os.path.relpath(path, _REPO) if path.startswith(_REPO) else path
+    return os.path.relpath(path, REPO_ROOT) if path.startswith(REPO_ROOT) else path
 
 
 # Diagnoses of a failed capture, from the frames active when it failed (autotuning and Triton's compiler

@@ -1,7 +1,7 @@
 """What runs inside a worker process of the FlagGems capture audit (tools/flaggems_capture_audit.py, whose
 docstring describes the audit): one op at a time from the parent, its call recorded, captured cold and
 after warm-up, replayed and compared with eager (``audit_op``), and the result sent back (``run_worker``).
-The parent starts a worker as ``tools/flaggems_capture_audit.py --worker -``, whose ``main`` calls
+The parent starts a worker as ``python -m tools.flaggems_capture_audit --worker -``, whose ``main`` calls
 ``run_worker``.
 
 A worker takes no further op after a capture that failed once ``capture_begin`` had succeeded (cold or
@@ -15,27 +15,19 @@ so has its warm-up and warm capture in the fresh worker too (``retry_warm``).
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 import warnings
 
 import torch
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from opinfo import harness  # noqa: E402
-from opinfo.variants import move_for_variant, run_variant, split_case  # noqa: E402
-
-from tools import flaggems_common as common  # noqa: E402
-from tools import flaggems_model_sweep as model_sweep  # noqa: E402
-from tools.flaggems_capture_ops import (  # noqa: E402
+from harness import opinfo as opinfo_harness
+from harness.opinfo_variants import move_for_variant, run_variant, split_case
+from tools import flaggems_common as common
+from tools import flaggems_model_sweep as model_sweep
+from tools.flaggems_capture_ops import (
     bitwise_equal,
     diagnose,
     difference,
@@ -141,18 +133,23 @@ def record_call(op: str, item: dict, db: dict, sample_timeout_s: float) -> dict:
             if opinfo is None:
                 tried.append(f"{case}: no such OpInfo")
                 continue
-            supported = harness.supported_dtypes(opinfo, common.REFERENCE[0])
+            supported = opinfo_harness.supported_dtypes(opinfo, common.REFERENCE[0])
             dtype = next(
-                (harness.parse_dtype(d) for d in item["dtypes"] if harness.parse_dtype(d) in supported), None
+                (
+                    opinfo_harness.parse_dtype(d)
+                    for d in item["dtypes"]
+                    if opinfo_harness.parse_dtype(d) in supported
+                ),
+                None,
             )
             if dtype is None:
                 tried.append(f"{case}: none of {'/'.join(item['dtypes'])}")
                 continue
-            context.update(case=case, dtype=harness.dtype_name(dtype))
+            context.update(case=case, dtype=opinfo_harness.dtype_name(dtype))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
-                    with harness.time_limit(sample_timeout_s):
+                    with opinfo_harness.time_limit(sample_timeout_s):
                         torch.manual_seed(0)
                         samples = opinfo.sample_inputs(
                             common.REFERENCE[0], dtype, requires_grad=variant == "grad"
@@ -161,7 +158,7 @@ def record_call(op: str, item: dict, db: dict, sample_timeout_s: float) -> dict:
                         if sample is not None:
                             run_variant(opinfo, variant, move_for_variant(sample, variant, "flagos"))
                 except Exception as exc:  # noqa: BLE001  (a failing sample may still have reached the op)
-                    tried.append(f"{case}: {harness.short_message(exc, 120)}")
+                    tried.append(f"{case}: {opinfo_harness.short_message(exc, 120)}")
             if calls:
                 return calls[0]
             tried.append(f"{case} ({context['dtype']}): did not reach the op")
@@ -233,7 +230,7 @@ def context_usable() -> tuple[bool, str]:
             return False, "the current stream is still capturing"
         return value == 56.0, "" if value == 56.0 else f"wrong result {value} of a native op"
     except Exception as exc:  # noqa: BLE001
-        return False, harness.short_message(exc)
+        return False, opinfo_harness.short_message(exc)
 
 
 def capture(op: str, func, static: Static, stream) -> tuple[object, object, dict]:
@@ -478,17 +475,6 @@ def audit_op(item: dict, db: dict, stream, args, emit) -> dict:
 
 # ---- workers ---------------------------------------------------------------------------------------------
 
-_TRITON_WARMUP_SOURCE = """
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def fill_kernel(out_ptr, n, value, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offsets, value, mask=offsets < n)
-"""
-
 
 def process_warmup(stream) -> dict:
     """Set-up no op owns, before any op: a native op, a native graph capture and replay (CUDA's first
@@ -508,18 +494,14 @@ def process_warmup(stream) -> dict:
     if not torch_fl_backed():
         return done
     try:
-        path = os.path.join(tempfile.mkdtemp(prefix="flaggems_capture_audit_"), "capture_audit_warmup.py")
-        with open(path, "w") as f:
-            f.write(_TRITON_WARMUP_SOURCE)
-        spec = importlib.util.spec_from_file_location("capture_audit_warmup", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        from tools.flaggems_capture_kernel import fill_kernel  # imports triton: only where it is real
+
         out = torch.zeros(256, device="cuda")
-        module.fill_kernel[(2,)](out, 256, 1.5, BLOCK=128)
+        fill_kernel[(2,)](out, 256, 1.5, BLOCK=128)
         torch.cuda.synchronize()
         done["triton_kernel"] = float(out.sum()) == 384.0
     except Exception as exc:  # noqa: BLE001
-        done["triton_kernel"] = harness.short_message(exc)
+        done["triton_kernel"] = opinfo_harness.short_message(exc)
     return done
 
 
@@ -541,7 +523,7 @@ def run_worker(args) -> int:
         emit({"fatal": reason})
         return 2
     start = time.perf_counter()
-    db = harness.load_op_db()
+    db = opinfo_harness.load_op_db()
     stream = torch.flagos.Stream()
     warmup = process_warmup(stream) if not args.no_process_warmup else {}
     gc.collect()
@@ -558,12 +540,12 @@ def run_worker(args) -> int:
             result = {
                 "op": item["op"],
                 "status": "crash",
-                "reason": f"the audit failed: {harness.short_message(exc)}",
+                "reason": f"the audit failed: {opinfo_harness.short_message(exc)}",
             }
             result.update(**error_record(exc))
             result["exit"] = not context_usable()[0]  # a bug of the audit's own need not end the worker
             if model_sweep.is_cuda_error(exc):
-                result["reason"] = f"a CUDA error: {harness.short_message(exc)}"
+                result["reason"] = f"a CUDA error: {opinfo_harness.short_message(exc)}"
         if FAILED_CAPTURES and not result.get("exit"):  # (an unusable context ends the worker anyway)
             failed = ", ".join(dict.fromkeys(FAILED_CAPTURES))
             result["replace_worker"] = (

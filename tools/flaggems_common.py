@@ -16,13 +16,8 @@ import time
 import torch
 
 import torch_fl
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from opinfo import harness  # noqa: E402
+from harness import opinfo as opinfo_harness
+from harness.processes import python_env
 
 # Dtype-fit tolerances (rtol, atol) for FlagGems against native CUDA. Different kernels accumulate in a
 # different order, so results agree to a few units in the last place of the dtype, not bitwise.
@@ -69,7 +64,7 @@ def mismatch_message(exc: BaseException) -> str:
     """assert_close's first line plus its mismatch counts and greatest differences, on one line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     detail = [line for line in lines[1:] if line.startswith(("Mismatched", "Greatest"))]
-    return "; ".join([harness.short_message(exc), *detail])[:400]
+    return "; ".join([opinfo_harness.short_message(exc), *detail])[:400]
 
 
 class CallCounter:
@@ -97,14 +92,14 @@ class CallCounter:
 
 
 # The reference device: CUDA, except in the CPU tests' stand-in mode (--stand-in), where flagos runs on the
-# simulated accelerator, the reference on the CPU, and tests/fake_flaggems plays FlagGems.
+# simulated accelerator, the reference on the CPU, and harness/fake_flaggems plays FlagGems.
 REFERENCE = ["cuda"]
 
 
 def use_stand_in() -> str:
     """Stand-in mode (tests of the sweeps on a machine without a GPU): the reference is the CPU and
-    tests/fake_flaggems's flag_gems serves the flaggems backend; '' or why it cannot."""
-    from fake_flaggems import stand_in
+    harness/fake_flaggems's flag_gems serves the flaggems backend; '' or why it cannot."""
+    from harness.fake_flaggems import stand_in
 
     REFERENCE[0] = "cpu"
     return stand_in.install()
@@ -161,7 +156,7 @@ def run_phase(
         open(results_path, "w").close()
         # Each worker its own FlagGems cache (autotuning database, generated code): concurrent writers of one
         # sqlite file can fail with "database is locked". Triton's own cache is safe to share.
-        env = dict(os.environ)
+        env = python_env()
         env.setdefault("FLAGGEMS_CACHE_DIR", os.path.join(tmp, f"flaggems_cache{i}"))
         procs[i] = (
             subprocess.Popen([*base, "--worker", task_path, "--results", results_path], env=env),

@@ -24,7 +24,7 @@ such ops one by one and takes them out of the config.
     python -m tools.flaggems_model_sweep --config flaggems_cuda.conf --out-dir /tmp/model-sweep
 
 Needs flagos on the cuda accelerator with FlagGems usable (``--stand-in``: the simulated accelerator and
-tests/fake_flaggems, for the CPU tests of this script).
+harness/fake_flaggems, for the CPU tests of this script).
 """
 
 from __future__ import annotations
@@ -44,16 +44,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fl
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from opinfo import harness  # noqa: E402
-
-from tools import flaggems_common as common  # noqa: E402
-from tools import flaggems_sweep as sweep  # noqa: E402
+from harness import opinfo as opinfo_harness
+from tools import flaggems_common as common
+from tools import flaggems_sweep as sweep
 
 CUDA_ERROR_EXIT = 86  # a worker's exit status after a CUDA error (the process cannot go on)
 STATUSES = ("pass", "fail", "crash", "not-exercised", "not-called", "not-run")
@@ -157,11 +150,11 @@ class Recorder(TorchDispatchMode):
 
 def record(ops: set[str], shape: str, max_signatures: int, log) -> dict[str, dict[str, dict]]:
     """Runs the model's workloads on flagos (native route) under a Recorder; its calls."""
-    from torch_fl import _qwen3
+    from harness import qwen3
 
     dtype = torch.bfloat16 if shape != "tiny" else torch.float32
     start = time.perf_counter()
-    master = _qwen3.build_model(shape, seed=0, dtype=torch.float32)
+    master = qwen3.build_model(shape, seed=0, dtype=torch.float32)
     log(f"built Qwen3 {shape} in {time.perf_counter() - start:.0f} s")
     recorder = Recorder(ops, max_signatures)
     generator = torch.Generator().manual_seed(0)
@@ -171,21 +164,21 @@ def record(ops: set[str], shape: str, max_signatures: int, log) -> dict[str, dic
         recorder.stage = name
         log(f"recording: {name}")
 
-    model = _qwen3.copy_to(master, "flagos", dtype)
+    model = qwen3.copy_to(master, "flagos", dtype)
     with recorder:
         stage("prefill")
         with torch.no_grad():
             model(prompt)
         stage("decode")
-        _qwen3.greedy_generate(model, prompt, 4)
+        qwen3.greedy_generate(model, prompt, 4)
         stage(f"train ({str(dtype).removeprefix('torch.')}, AdamW)")
         model.train()
-        _qwen3.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), prompt)
+        qwen3.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), prompt)
     del model
-    fp32 = _qwen3.copy_to(master, "flagos", torch.float32).train()
+    fp32 = qwen3.copy_to(master, "flagos", torch.float32).train()
     with recorder:
         stage("train (float32 under bfloat16 autocast)")
-        _qwen3.train_step(fp32, torch.optim.AdamW(fp32.parameters(), lr=1e-3), prompt, autocast=True)
+        qwen3.train_step(fp32, torch.optim.AdamW(fp32.parameters(), lr=1e-3), prompt, autocast=True)
     del fp32
     torch.flagos.synchronize()
     return dict(recorder.calls)
@@ -277,9 +270,11 @@ def replay(op: str, call: dict) -> CallResult:
                 raise
             if ref_exc is not None and isinstance(exc, type(ref_exc)):
                 return CallResult(key, call["stage"], "pass")
-            return CallResult(key, call["stage"], "error", harness.short_message(exc))
+            return CallResult(key, call["stage"], "error", opinfo_harness.short_message(exc))
     if ref_exc is not None:
-        return CallResult(key, call["stage"], "mismatch", f"native raised {harness.short_message(ref_exc)}")
+        return CallResult(
+            key, call["stage"], "mismatch", f"native raised {opinfo_harness.short_message(ref_exc)}"
+        )
     if counter.calls == 0:
         return CallResult(key, call["stage"], "not-exercised", "FlagGems' function was not called")
     message = compare(op, expected, actual) or compare(op, (ref_args, ref_kwargs), (dut_args, dut_kwargs))
@@ -325,7 +320,8 @@ def run_worker(args) -> int:
                         raise
                     # The context is gone: the parent marks the op begun last as crashed.
                     print(
-                        f"flaggems_model_sweep: {op} at {key}: {harness.short_message(exc)}", file=sys.stderr
+                        f"flaggems_model_sweep: {op} at {key}: {opinfo_harness.short_message(exc)}",
+                        file=sys.stderr,
                     )
                     sys.stderr.flush()
                     os._exit(CUDA_ERROR_EXIT)
@@ -454,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     called = sweep.priority_order([op for op in ops if calls.get(op)])
-    command = [sys.executable, os.path.abspath(__file__)] + (["--stand-in"] if args.stand_in else [])
+    command = [sys.executable, "-m", "tools.flaggems_model_sweep"] + (["--stand-in"] if args.stand_in else [])
     records = common.run_phase(
         "model",
         [{"op": op} for op in called],

@@ -9,7 +9,7 @@ every sample of every (OpInfo, dtype) matched.
 1. Discovery: which OpInfos reach which of those ops. Each op is given a recording implementation on the
    ``python`` backend (it calls the native CUDA kernel, so no Triton compiles), the first sample of every
    OpInfo runs on flagos in each of its variants (function, in-place, out=, forward and backward:
-   tests/opinfo/variants.py), and the recorders say which ops it reached.
+   harness/opinfo_variants.py), and the recorders say which ops it reached.
 2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
    on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
    ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
@@ -40,18 +40,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "tests"), _REPO):  # `opinfo` (tests/opinfo) and `tools`, also as a script
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from opinfo import harness  # noqa: E402
-from opinfo.variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case  # noqa: E402
-
-from tools.flaggems_common import (  # noqa: E402, F401  (re-exported: tests use them through this module)
+from harness import opinfo as opinfo_harness
+from harness.opinfo_variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case
+from tools.flaggems_common import (
     REFERENCE,
-    TF32_OPS,
-    TOLERANCES,
     CallCounter,
     add_worker_arguments,
     check_environment,
@@ -162,27 +154,34 @@ def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "
         ref_exc = exc
     try:
         actual = run_variant(opinfo, variant, dut)
-    except harness.SampleTimeout:
+    except opinfo_harness.SampleTimeout:
         raise
     except Exception as exc:  # noqa: BLE001
         if ref_exc is None:
-            return "error", harness.short_message(exc)
+            return "error", opinfo_harness.short_message(exc)
         if isinstance(exc, type(ref_exc)):
             return "pass", ""
-        return "mismatch", f"cuda raised {type(ref_exc).__name__}, flagos raised {harness.short_message(exc)}"
+        return (
+            "mismatch",
+            f"cuda raised {type(ref_exc).__name__}, flagos raised {opinfo_harness.short_message(exc)}",
+        )
     if ref_exc is not None:
-        return "mismatch", f"cuda raised {harness.short_message(ref_exc)}, flagos did not raise"
-    for ref_t, act_t in zip(harness._tensors(expected), harness._tensors(actual), strict=False):
+        return "mismatch", f"cuda raised {opinfo_harness.short_message(ref_exc)}, flagos did not raise"
+    for ref_t, act_t in zip(opinfo_harness._tensors(expected), opinfo_harness._tensors(actual), strict=False):
         if ref_t.device.type == REFERENCE[0] and act_t.device.type != "flagos":
             return "mismatch", f"output on {act_t.device.type}, expected on flagos"
     rtol, atol = tolerance(dtype, op)
     try:
         torch.testing.assert_close(
-            harness.to_cpu(actual), harness.to_cpu(expected), rtol=rtol, atol=atol, equal_nan=True
+            opinfo_harness.to_cpu(actual),
+            opinfo_harness.to_cpu(expected),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
         )
         if (opinfo.name.endswith("_") or variant == "inplace") and isinstance(sample.input, torch.Tensor):
             torch.testing.assert_close(
-                harness.to_cpu(dut.input), sample.input.cpu(), rtol=rtol, atol=atol, equal_nan=True
+                opinfo_harness.to_cpu(dut.input), sample.input.cpu(), rtol=rtol, atol=atol, equal_nan=True
             )
     except Exception as exc:  # noqa: BLE001
         return "mismatch", mismatch_message(exc)
@@ -218,10 +217,10 @@ def sweep_case(
     from torch_fl import routing
 
     start = time.perf_counter()
-    key, dname = case_key(harness.op_key(opinfo), variant), harness.dtype_name(dtype)
+    key, dname = case_key(opinfo_harness.op_key(opinfo), variant), opinfo_harness.dtype_name(dtype)
     torch.manual_seed(0)
     try:
-        with harness.time_limit(sample_timeout_s):
+        with opinfo_harness.time_limit(sample_timeout_s):
             samples = list(
                 _first(
                     opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=variant == "grad"),
@@ -229,7 +228,7 @@ def sweep_case(
                 )
             )
     except Exception as exc:  # noqa: BLE001
-        return CaseResult(op, key, dname, "skip-samples", message=harness.short_message(exc))
+        return CaseResult(op, key, dname, "skip-samples", message=opinfo_harness.short_message(exc))
     if not samples:
         return CaseResult(op, key, dname, "skip-samples")
     counts: collections.Counter = collections.Counter()
@@ -237,10 +236,10 @@ def sweep_case(
     with CallCounter(op) as counter, routing.override({op: "flaggems"}):
         for sample in samples:
             try:
-                with harness.time_limit(sample_timeout_s):
+                with opinfo_harness.time_limit(sample_timeout_s):
                     status, message = compare_sample(opinfo, sample, op, dtype, variant)
             except Exception as exc:  # noqa: BLE001  (the sweep must never stop on one sample)
-                status, message = "error", harness.short_message(exc)
+                status, message = "error", opinfo_harness.short_message(exc)
             counts[status] += 1
             if status != "pass":
                 first.setdefault(status, message)
@@ -312,9 +311,9 @@ def discover(
         for opinfo in opinfos:
             if time.time() > deadline:
                 return
-            if harness.is_random(opinfo):
+            if opinfo_harness.is_random(opinfo):
                 continue
-            supported = harness.supported_dtypes(opinfo, REFERENCE[0])
+            supported = opinfo_harness.supported_dtypes(opinfo, REFERENCE[0])
             dtype = next((d for d in dtypes if d in supported), None)
             if dtype is None:
                 continue
@@ -327,7 +326,7 @@ def discover(
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     try:
-                        with harness.time_limit(sample_timeout_s):
+                        with opinfo_harness.time_limit(sample_timeout_s):
                             torch.manual_seed(0)
                             grad = variant == "grad"
                             samples = opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=grad)
@@ -336,7 +335,7 @@ def discover(
                                 run_variant(opinfo, variant, move_for_variant(sample, variant, "flagos"))
                     except Exception:  # noqa: BLE001  (a failing sample still says which ops it reached)
                         pass
-                yield case_key(harness.op_key(opinfo), variant), sorted(hits)
+                yield case_key(opinfo_harness.op_key(opinfo), variant), sorted(hits)
     finally:
         for name in ops:
             routing.unregister_python_impl(name)
@@ -354,8 +353,8 @@ def run_worker(args) -> int:
     if reason:
         print(f"flaggems_sweep worker: {reason}", file=sys.stderr)
         return 2
-    db = harness.load_op_db()
-    dtypes = [harness.parse_dtype(d) for d in task["dtypes"]]
+    db = opinfo_harness.load_op_db()
+    dtypes = [opinfo_harness.parse_dtype(d) for d in task["dtypes"]]
     with open(args.results, "a") as out:
 
         def emit(record: dict) -> None:
@@ -377,7 +376,7 @@ def run_worker(args) -> int:
             for key in keys[: args.max_opinfos]:
                 opinfo_key, variant = split_case(key)
                 opinfo = db[opinfo_key]
-                supported = harness.supported_dtypes(opinfo, REFERENCE[0])
+                supported = opinfo_harness.supported_dtypes(opinfo, REFERENCE[0])
                 for dtype in dtypes:
                     if dtype in supported:
                         case = sweep_case(op, opinfo, variant, dtype, args.max_samples, args.sample_timeout)
@@ -484,7 +483,8 @@ def worker_command(args) -> list[str]:
     return (
         [
             sys.executable,
-            os.path.abspath(__file__),
+            "-m",
+            "tools.flaggems_sweep",
             "--max-samples",
             str(args.max_samples),
             "--max-opinfos",
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             op_map = json.load(f)
         op_map = op_map.get("opinfo_map", op_map)
     else:
-        db = harness.load_op_db()
+        db = opinfo_harness.load_op_db()
         opinfos = [k.strip() for k in args.opinfos.split(",") if k.strip()] or list(db)
         missing = [k for k in opinfos if k not in db]
         if missing:

@@ -4,7 +4,7 @@
 # to .git/info/exclude). Both are built side by side into /tmp/ab-<name>, then each benchmark command runs
 # for base and new in turn, ROUNDS times, so that machine drift hits both alike:
 #
-#   scripts/gpu/ab.sh "python3 benchmarks/op_overhead.py --repeats 5" "python3 benchmarks/qwen3.py"
+#   scripts/gpu/ab.sh "python3 -m benchmarks.op_overhead --repeats 5" "python3 -m benchmarks.qwen3"
 #   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu/ab.sh "..."   # again in the same call, without rebuilding
 #
 # Logs under $OUT (or ./gpu-logs): ab-<name>-<AB_TAG, default "run"><i>-<round>.log (command i), and the
@@ -42,8 +42,10 @@ for command in "$@"; do
   for round in $(seq 1 "$ROUNDS"); do
     for name in base new; do
       log="$LOGS/ab-$name-${AB_TAG:-run}$i-$round.log"
-      # The build under test first on the path (a script's own folder precedes it, not the checkout's root).
-      PYTHONPATH=/tmp/ab-$name:/tmp/site bash -c "$command" > "$log" 2>&1
+      # The build under test first on the path, the checkout's root (`benchmarks`, `harness`) after it;
+      # PYTHONSAFEPATH (Python 3.11+) keeps `python -m` from putting the working directory, the checkout
+      # whose torch_fl/ would shadow the build, in front.
+      PYTHONSAFEPATH=1 PYTHONPATH=/tmp/ab-$name:/tmp/site:$PWD bash -c "$command" > "$log" 2>&1
       echo "---- [$SECONDS s] $name, command $i, round $round: $command"
       tail -${AB_TAIL:-6} "$log"
     done

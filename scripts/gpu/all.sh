@@ -15,12 +15,12 @@
 #   scripts/gpu/all.sh compile  # torch.compile (docs/compile.md): tests/test_compile.py on the cuda
 #                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
 #                               # accelerator (torch 2.11's Inductor with the C++-kernel adapter), in parallel
-#   scripts/gpu/all.sh compile-bench  # benchmarks/qwen3.py --compile, alone on the GPU
-#   scripts/gpu/all.sh compile-time   # benchmarks/compile_time.py: where flagos's compile time goes beyond
+#   scripts/gpu/all.sh compile-bench  # python -m benchmarks.qwen3 --compile, alone on the GPU
+#   scripts/gpu/all.sh compile-time   # benchmarks.compile_time: where flagos's compile time goes beyond
 #                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
 #   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): collective bandwidth 1 MiB-1 GiB, the
 #                               # distributed suite on NCCL, then DDP and FSDP2 Qwen3-0.6B against cuda
-#                               # (benchmarks/distributed.py --side-by-side: 60 steps each in turns), one
+#                               # (benchmarks.distributed --side-by-side: 60 steps each in turns), one
 #                               # pair of launches each; MULTI_GPU_PARTS=train DIST_REPEATS=2: training
 #                               # alone, two pairs each (~5 minutes)
 #
@@ -124,7 +124,7 @@ if [ "$mode" = verify-models ] || [ "$mode" = verify-entry ]; then
       --durations=5 > "$L/more.log" 2>&1 &
   fi
   wait
-  pkill -f _qwen3_clean_process || true
+  pkill -f harness._clean_process_main || true
   echo "== [$SECONDS s] done"
   for log in "${logs[@]}"; do
     summary $log.log
@@ -148,18 +148,18 @@ if [ "$mode" = compile ]; then
 fi
 if [ "$mode" = compile-bench ]; then
   echo "== [$SECONDS s] Qwen3 under torch.compile, flagos against cuda, alone on the GPU"
-  timeout $(left 570) python3 benchmarks/qwen3.py --compile --repeats 3 2>&1 | grep -v USDT \
+  timeout $(left 570) python3 -m benchmarks.qwen3 --compile --repeats 3 2>&1 | grep -v USDT \
     | tee "$L/qwen3-compile.log" | tail -30
-  pkill -f _qwen3_clean_process || true
+  pkill -f harness._clean_process_main || true
   echo "== [$SECONDS s] done"
   exit 0
 fi
 if [ "$mode" = compile-time ]; then
   echo "== [$SECONDS s] first compiled calls, flagos against cuda, fresh processes, empty caches"
-  timeout $(left 330) python3 benchmarks/compile_time.py --part train --layers 4 --length 512 --steps 20 \
+  timeout $(left 330) python3 -m benchmarks.compile_time --part train --layers 4 --length 512 --steps 20 \
     2>&1 | grep -v USDT \
     | tee "$L/compile-time-train.log" | tail -70
-  timeout $(left 580) python3 benchmarks/compile_time.py --part prefill --length 512 2>&1 | grep -v USDT \
+  timeout $(left 580) python3 -m benchmarks.compile_time --part prefill --length 512 2>&1 | grep -v USDT \
     | tee "$L/compile-time-prefill.log" | tail -45
   echo "== [$SECONDS s] done"
   exit 0
@@ -175,7 +175,7 @@ if [ "$mode" = multi-gpu ]; then
   nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
   if [[ " $parts " == *" collectives "* ]]; then
     # 5 alternating rounds (~30 s; at 16 MiB one round moves the ratio by up to 30%).
-    timeout $(left 200) python3 benchmarks/distributed.py --parts collectives --repeats 5 \
+    timeout $(left 200) python3 -m benchmarks.distributed --parts collectives --repeats 5 \
       --json "$L/collectives.json" 2>&1 | grep -v USDT | tee "$L/collectives.log" \
       | grep -E "^\||^#|lowest|FAILED|Error|exit code|stopped" | head -30
   fi
@@ -199,7 +199,7 @@ if [ "$mode" = multi-gpu ]; then
   else
     how=(--steps 65 --side-by-side)
   fi
-  timeout $(left 585) python3 benchmarks/distributed.py --parts train --repeats ${DIST_REPEATS:-1} "${how[@]}" \
+  timeout $(left 585) python3 -m benchmarks.distributed --parts train --repeats ${DIST_REPEATS:-1} "${how[@]}" \
     ${DIST_TRAIN_ARGS:-} --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
     | grep -E "^\||^#|losses|FAILED|Error|exit code|stopped" | head -80
   echo "== [$SECONDS s] done"
@@ -208,8 +208,8 @@ fi
 
 echo "== [$SECONDS s] benchmarks, alone on the GPU"
 OUT=$L scripts/gpu/check.sh bench 2>&1 | tail -40
-timeout 330 python3 benchmarks/qwen3.py --repeats 5 --configs native,torch_fl/configs/flaggems_cuda.conf \
+timeout 330 python3 -m benchmarks.qwen3 --repeats 5 --configs native,torch_fl/configs/flaggems_cuda.conf \
   --top-ops 12 2>&1 | grep -v USDT | tee "$L/qwen3.log" | tail -50
-pkill -f _qwen3_clean_process || true
-timeout 45 python3 benchmarks/flaggems_overhead.py --n 200 --repeats 3 2>&1 | tee "$L/flaggems_overhead.log"
+pkill -f harness._clean_process_main || true
+timeout 45 python3 -m benchmarks.flaggems_overhead --n 200 --repeats 3 2>&1 | tee "$L/flaggems_overhead.log"
 echo "== [$SECONDS s] done"

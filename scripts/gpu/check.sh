@@ -72,27 +72,27 @@ fi
 if want opinfo; then
   echo "== OpInfo: flagos (cuda) against cuda, bitwise, in ${OPINFO_SHARDS:=6} parallel shards"
   for k in $(seq 0 $((OPINFO_SHARDS - 1))); do
-    timeout ${OPINFO_TIMEOUT:-400} python3 -m tests.opinfo.harness --device-ref cuda --exact \
+    timeout ${OPINFO_TIMEOUT:-400} python3 -m harness.opinfo --device-ref cuda --exact \
       --dtypes float32,float64,bfloat16,int64,bool --shard "$k/$OPINFO_SHARDS" \
       --out "$LOGS/opinfo-cuda-$k.json" > "$LOGS/opinfo-cuda-$k.log" 2>&1 &
   done
   wait
-  python3 -m tests.opinfo.harness --merge "$LOGS"/opinfo-cuda-*.json --out "$LOGS/opinfo-cuda.json" \
+  python3 -m harness.opinfo --merge "$LOGS"/opinfo-cuda-*.json --out "$LOGS/opinfo-cuda.json" \
     2>&1 | tee "$LOGS/opinfo-cuda.log" | tail -40
   rm -f "$LOGS"/opinfo-cuda-*.json "$LOGS"/opinfo-cuda-*.log
 fi
 if want bench; then
   echo "== benchmarks"
-  timeout 120 python3 benchmarks/op_overhead.py --repeats 9 2>&1 | tee "$LOGS/op_overhead.log"
-  timeout 120 python3 benchmarks/transfers.py 2>&1 | tee "$LOGS/transfers.log"
+  timeout 120 python3 -m benchmarks.op_overhead --repeats 9 2>&1 | tee "$LOGS/op_overhead.log"
+  timeout 120 python3 -m benchmarks.transfers 2>&1 | tee "$LOGS/transfers.log"
 fi
 if want models; then
   echo "== Qwen3 at the 0.6B shape (bf16) on flagos (cuda route) against cuda"
   FLAGOS_QWEN3_SHAPE=0.6b timeout 300 python3 -m pytest tests/models -q -p no:cacheprovider \
     --ignore=tests/models/test_qwen3_compile.py 2>&1 \
     | tee "$LOGS/pytest-models.log" | tail -15
-  timeout 150 python3 -m torch_fl.demo 2>&1 | tee "$LOGS/demo.log" | tail -25
-  timeout 240 python3 benchmarks/qwen3.py --repeats 3 2>&1 | tee "$LOGS/qwen3.log" | tail -25
+  timeout 150 python3 -m examples.qwen3_demo 2>&1 | tee "$LOGS/demo.log" | tail -25
+  timeout 240 python3 -m benchmarks.qwen3 --repeats 3 2>&1 | tee "$LOGS/qwen3.log" | tail -25
 fi
 if want dist; then
   # The flagos c10d backend on NCCL: the multi-process scenarios with one process per GPU (world size 1,
@@ -102,9 +102,9 @@ if want dist; then
     | tee "$LOGS/dist-nccl.log" | grep -E "^(FAILED|ERROR|SKIPPED)|^E   |passed|failed" | head -30
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   for strategy in ddp fsdp2; do
-    echo "-- torchrun --nproc-per-node $gpus examples/train_qwen3_distributed.py --strategy $strategy"
+    echo "-- torchrun --nproc-per-node $gpus -m examples.train_qwen3_distributed --strategy $strategy"
     timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
-      examples/train_qwen3_distributed.py --strategy "$strategy" --steps 5 2>&1 \
+      -m examples.train_qwen3_distributed --strategy "$strategy" --steps 5 2>&1 \
       | tee "$LOGS/dist-example-$strategy.log" | grep -E "ranks:|^step|Error|error" | head -12
   done
 fi

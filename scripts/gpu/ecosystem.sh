@@ -58,4 +58,4 @@ summary pytest-cuda.log 40
 summary pytest-sim.log
 
 echo "== [$SECONDS s] benchmarks/compat_overhead.py"
-timeout 120 python3 benchmarks/compat_overhead.py --rounds 5 2>&1 | grep -v USDT | tee "$L/compat_overhead.log"
+timeout 120 python3 -m benchmarks.compat_overhead --rounds 5 2>&1 | grep -v USDT | tee "$L/compat_overhead.log"

@@ -96,9 +96,9 @@ fi
 
 if [ "${GEMS_BENCH:-1}" != 0 ]; then
   say "benchmark: route overhead (limit $OVERHEAD_S s)"
-  timeout "$OVERHEAD_S" python3 benchmarks/flaggems_overhead.py --n 200 --repeats 3 2>&1 | tee -a "$LOG"
+  timeout "$OVERHEAD_S" python3 -m benchmarks.flaggems_overhead --n 200 --repeats 3 2>&1 | tee -a "$LOG"
   say "benchmark: kernels at Qwen3-0.6B shapes (limit $KERNELS_S s)"
-  timeout "$KERNELS_S" python3 benchmarks/flaggems_kernels.py --n 20 --repeats 3 2>&1 | tee -a "$LOG"
+  timeout "$KERNELS_S" python3 -m benchmarks.flaggems_kernels --n 20 --repeats 3 2>&1 | tee -a "$LOG"
 fi
 say "done; outputs: $(ls "$DIR" | tr '\n' ' ')"
 exit "$pytest_status"  # the tests decide the exit status; the sweep and the benchmarks report in the log

@@ -4,7 +4,7 @@
 # which has no perf. There:
 #
 #   P="env LD_LIBRARY_PATH=$PWD/.perf/lib $PWD/.perf/perf"
-#   $P record -q -o /tmp/x.data -F 999 -g python3 benchmarks/collective_overhead.py --n 20000
+#   $P record -q -o /tmp/x.data -F 999 -g python3 -m benchmarks.collective_overhead --n 20000
 #   $P report -i /tmp/x.data --no-children --sort dso,sym --stdio -g none | grep % | head -80 > $OUT/self.txt
 #
 # Frame-pointer call graphs (-g) only: reports of DWARF call graphs (--call-graph dwarf) took over two

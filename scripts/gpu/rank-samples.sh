@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where a distributed training step's host time goes, flagos against cuda, by library and by function:
-# `perf` samples both ranks of examples/train_qwen3_distributed.py during steady steps, first on flagos,
+# `perf` samples both ranks of examples.train_qwen3_distributed during steady steps, first on flagos,
 # then on cuda (a separate launch that never imports torch_fl), then prints, for each shared library and
 # for the functions that differ most, the CPU milliseconds per step and rank on each device.
 #
@@ -39,7 +39,7 @@ frequency=1999  # samples a second per busy CPU
 extension=$(python3 -c "import torch_fl._C as c; print(c.__file__.rsplit('/', 1)[1])")
 
 for device in flagos cuda; do
-  timeout 300 torchrun --standalone --nproc-per-node 2 examples/train_qwen3_distributed.py --strategy "$strategy" \
+  timeout 300 torchrun --standalone --nproc-per-node 2 -m examples.train_qwen3_distributed --strategy "$strategy" \
     --device $device --seq-len 512 --steps "$steps" --cpus 0-15:16-31 --results "$R/$device.json" \
     > "$R/$device.log" 2>&1 &
   launcher=$!

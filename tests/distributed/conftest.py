@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from harness.processes import python_env
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
 
@@ -61,11 +63,11 @@ class Launch:
 
 
 def _env(overrides: dict) -> dict:
-    """This process's environment without FLAGOS_* variables (as tests/conftest.py's clean_env), plus
-    `overrides`."""
+    """This process's environment without FLAGOS_* variables, plus `overrides`, with the repository's root
+    on PYTHONPATH (as tests/conftest.py's clean_env)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("FLAGOS_")}
     env.update({key: str(value) for key, value in overrides.items()})
-    return env
+    return python_env(env)
 
 
 def _launch(

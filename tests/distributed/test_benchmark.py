@@ -14,16 +14,17 @@ import sys
 import pytest
 import torch
 
-from benchmarks.distributed import cpu_ranges, load_example, overlapping_steps, rank_cpus, run_stoppably
+from benchmarks.distributed import overlapping_steps, rank_cpus, run_stoppably
+from harness.cpus import cpu_list, cpu_ranges
+from harness.processes import python_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCHMARK = os.path.join(ROOT, "benchmarks", "distributed.py")
+BENCHMARK = ["-m", "benchmarks.distributed"]
 
 
 def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})
     env.update(FLAGOS_ACCELERATOR=accelerator, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    command = [sys.executable, BENCHMARK, *args]
+    command = [sys.executable, *BENCHMARK, *args]
     returncode, output = run_stoppably(command, env, timeout)  # stopped: the benchmark, torchrun, the ranks
     if returncode is None:
         pytest.fail(f"benchmarks/distributed.py did not finish within {timeout} s\n{output[-6000:]}")
@@ -87,15 +88,15 @@ def test_collectives_bandwidth_against_gloo(launch, tmp_path):
         assert row["ratio"] == pytest.approx(row["flagos_gbs"] / row["native_gbs"])
 
 
-OVERHEAD = os.path.join(ROOT, "benchmarks", "collective_overhead.py")
+OVERHEAD = ["-m", "benchmarks.collective_overhead"]
 
 
 def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips without the backend
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})
     env.update(FLAGOS_ACCELERATOR="sim", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     args = ["--n", "20", "--repeats", "2", "--sizes-kib", "1,4"]
     proc = subprocess.run(
-        [sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
+        [sys.executable, *OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "flagos on 'cpu' (inner backend gloo), world size 1, 20 calls a loop, 2 rounds" in proc.stdout
@@ -115,7 +116,7 @@ def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips w
 def test_collective_overhead_against_a_fake_inner_backend(launch):
     """--inner fake: the backends called directly, torch's FakeProcessGroup against the flagos backend
     wrapped around one (what the wrapper itself costs a call); no process group, no communication."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})
     env.update(FLAGOS_ACCELERATOR="sim", OMP_NUM_THREADS="1")
     args = [
         "--inner",
@@ -130,7 +131,7 @@ def test_collective_overhead_against_a_fake_inner_backend(launch):
         "all_reduce,all_gather",
     ]
     proc = subprocess.run(
-        [sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
+        [sys.executable, *OVERHEAD, *args], capture_output=True, text=True, timeout=180, env=env
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(inner backend FakeProcessGroup, called on the backends directly)" in proc.stdout, proc.stdout
@@ -152,7 +153,9 @@ def test_collective_overhead_against_a_fake_inner_backend(launch):
     ],
 )
 def test_collective_overhead_bad_arguments_are_named(args, message):
-    proc = subprocess.run([sys.executable, OVERHEAD, *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, *OVERHEAD, *args], capture_output=True, text=True, timeout=60, env=python_env()
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -191,7 +194,6 @@ def test_overlapping_timed_steps_are_found():
 
 
 def test_cpu_lists_read_and_write_as_taskset_does():
-    cpu_list = load_example().cpu_list
     assert cpu_list("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
     assert cpu_ranges([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
     assert cpu_list(cpu_ranges([3, 4, 9])) == {3, 4, 9}
@@ -234,22 +236,22 @@ def test_the_example_binds_every_thread_of_its_rank():
     cpu = min(os.sched_getaffinity(0))
     code = f"""
 import os, sys, threading
-sys.path.insert(0, {os.path.join(ROOT, "benchmarks")!r})
-from distributed import load_example
-example = load_example()
+from harness.cpus import bind_to_cpus
 started = threading.Event()
 threading.Thread(target=lambda: (started.set(), threading.Event().wait(30)), daemon=True).start()
 started.wait()
-example.bind_to_cpus([set(), {{{cpu}}}], 1)
+bind_to_cpus([set(), {{{cpu}}}], 1)
 tasks = os.listdir("/proc/self/task")
 assert len(tasks) >= 2, tasks
 print(sorted({{tuple(sorted(os.sched_getaffinity(int(t)))) for t in tasks}}))
 try:
-    example.bind_to_cpus([{{{cpu}}}], 1)
+    bind_to_cpus([{{{cpu}}}], 1)
 except SystemExit as e:
     print(e)
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=python_env()
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"[({cpu},)]", "--cpus has 1 list(s), none for local rank 1"]
 
@@ -269,7 +271,7 @@ def _running(fragment: str) -> list[str]:
 
 
 def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
-    example = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
+    example = "examples.train_qwen3_distributed"
     assert not _running(example)
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--repeats", "1", "--timeout", "3"]
     proc = run_benchmark(args, accelerator="sim", timeout=150)
@@ -293,7 +295,9 @@ def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
     ],
 )
 def test_bad_arguments_are_named(args, message):
-    proc = subprocess.run([sys.executable, BENCHMARK, *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, *BENCHMARK, *args], capture_output=True, text=True, timeout=60, env=python_env()
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 

@@ -1,4 +1,4 @@
-"""examples/train_qwen3_distributed.py under torchrun, 2 processes on the simulated accelerator, DDP and
+"""``examples.train_qwen3_distributed`` under torchrun, 2 processes on the simulated accelerator, DDP and
 FSDP2: the launch a user types works (each rank on flagos:<LOCAL_RANK>, no backend named)."""
 
 import os
@@ -7,15 +7,13 @@ import sys
 import pytest
 
 from benchmarks.distributed import run_stoppably
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLE = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
+from harness.processes import python_env
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_torchrun_example(launch, strategy):  # `launch`: skips where the flagos backend is unavailable
     pytest.importorskip("transformers")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})
     env.update(FLAGOS_ACCELERATOR="sim", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     command = [
         sys.executable,
@@ -24,7 +22,8 @@ def test_torchrun_example(launch, strategy):  # `launch`: skips where the flagos
         "--standalone",
         "--nproc-per-node",
         "2",
-        EXAMPLE,
+        "-m",
+        "examples.train_qwen3_distributed",
         "--strategy",
         strategy,
         "--steps",

@@ -24,10 +24,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torch_fl import _qwen3
+import harness.qwen3
 
 STEPS = 3
-F32 = _qwen3.TOLERANCES[torch.float32]
+F32 = harness.qwen3.TOLERANCES[torch.float32]
 
 
 class MLP(nn.Module):
@@ -84,7 +84,7 @@ def assert_params_close(actual: dict, expected: dict, what: str, *, rtol=1e-5, a
 
 def relative_update_error(actual: dict, expected: dict, start: dict) -> float:
     """||actual update - expected update|| / ||expected update|| over all weights (Adam turns tiny
-    gradient differences into full steps, so weights are compared as a whole: torch_fl._qwen3)."""
+    gradient differences into full steps, so weights are compared as a whole: harness.qwen3.Tolerance)."""
     num = sum(float((actual[k] - expected[k]).norm() ** 2) for k in expected)
     den = sum(float((expected[k] - start[k]).norm() ** 2) for k in expected)
     return (num / den) ** 0.5
@@ -175,7 +175,7 @@ def ddp_mlp() -> list[str]:
 
 
 def qwen3_batch(seed: int, world: int = WORLD) -> torch.Tensor:
-    vocab = _qwen3.SHAPES["tiny"]["vocab_size"]
+    vocab = harness.qwen3.SHAPES["tiny"]["vocab_size"]
     return torch.randint(0, vocab, (2 * world, 16), generator=torch.Generator().manual_seed(seed))
 
 
@@ -196,11 +196,11 @@ def train_qwen3(model, wrap, ids_of_step) -> tuple[dict, list[float]]:
 
 def ddp_qwen3(master) -> tuple[list[str], dict]:
     start = params_cpu(master)
-    expected, _ = train_qwen3(_qwen3.copy_to(master, DEVICE).train(), lambda m: m, qwen3_batch)
+    expected, _ = train_qwen3(harness.qwen3.copy_to(master, DEVICE).train(), lambda m: m, qwen3_batch)
     done = []
     trained = None
     for find_unused in (False, True):
-        model = _qwen3.copy_to(master, DEVICE).train()
+        model = harness.qwen3.copy_to(master, DEVICE).train()
         actual, _ = train_qwen3(
             model,
             lambda m, f=find_unused: DDP(m, device_ids=[DEVICE.index], find_unused_parameters=f),
@@ -271,7 +271,7 @@ def checkpoint_writer(path: str) -> FileSystemWriter:
 
 def fsdp_qwen3(master, mesh, ddp_trained, checkpoint: str | None) -> list[str]:
     start = params_cpu(master)
-    model = shard_qwen3(_qwen3.copy_to(master, DEVICE).train(), mesh)
+    model = shard_qwen3(harness.qwen3.copy_to(master, DEVICE).train(), mesh)
     run = model
     opt = torch.optim.AdamW(run.parameters(), lr=1e-3, foreach=False)
     for step in range(STEPS):
@@ -307,7 +307,7 @@ def run_ddp(qwen3: bool = True) -> dict:
     init(device_id=True)
     result = {"mlp": ddp_mlp()}
     if qwen3:
-        result["qwen3"], _ = ddp_qwen3(_qwen3.build_model("tiny", seed=0))
+        result["qwen3"], _ = ddp_qwen3(harness.qwen3.build_model("tiny", seed=0))
     dist.destroy_process_group()
     return result
 
@@ -315,7 +315,7 @@ def run_ddp(qwen3: bool = True) -> dict:
 def run_fsdp(checkpoint: str | None = None) -> dict:
     init(device_id=True)
     mesh = init_device_mesh("flagos", (WORLD,))
-    master = _qwen3.build_model("tiny", seed=0)
+    master = harness.qwen3.build_model("tiny", seed=0)
     result = {"mlp": fsdp_mlp(mesh)}
     qwen3_ddp, ddp_trained = ddp_qwen3(master)
     result["qwen3"] = qwen3_ddp + fsdp_qwen3(master, mesh, ddp_trained, checkpoint)
@@ -328,7 +328,9 @@ def run_load(checkpoint: str) -> dict:
     sharded over this group, and compares the full model and optimizer state with the reference."""
     init(device_id=True)
     mesh = init_device_mesh("flagos", (WORLD,))
-    model = shard_qwen3(_qwen3.copy_to(_qwen3.build_model("tiny", seed=1), DEVICE).train(), mesh)
+    model = shard_qwen3(
+        harness.qwen3.copy_to(harness.qwen3.build_model("tiny", seed=1), DEVICE).train(), mesh
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd}

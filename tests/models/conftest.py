@@ -14,11 +14,13 @@ import types
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.qwen3
 
 SHAPE = os.environ.get("FLAGOS_QWEN3_SHAPE", "tiny")
-if SHAPE not in _qwen3.SHAPES:
-    raise pytest.UsageError(f"FLAGOS_QWEN3_SHAPE={SHAPE!r}: valid shapes are {', '.join(_qwen3.SHAPES)}")
+if SHAPE not in harness.qwen3.SHAPES:
+    raise pytest.UsageError(
+        f"FLAGOS_QWEN3_SHAPE={SHAPE!r}: valid shapes are {', '.join(harness.qwen3.SHAPES)}"
+    )
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -30,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
         if os.path.dirname(str(item.path)).startswith(_HERE):
             item.add_marker(pytest.mark.gpu)
             item.add_marker(pytest.mark.slow)
-            if torch.cuda.is_available() and _qwen3.reference_device() != "cuda":
+            if torch.cuda.is_available() and harness.qwen3.reference_device() != "cuda":
                 item.add_marker(pytest.mark.skip(reason=f"the {SHAPE} shape runs only with flagos on CUDA"))
 
 
@@ -38,15 +40,15 @@ def pytest_collection_modifyitems(config, items):
 def qwen3():
     """What every model test shares: shape, reference device, dtype, tolerances, sizes."""
     pytest.importorskip("transformers", minversion="5.0")
-    reference = _qwen3.reference_device()
+    reference = harness.qwen3.reference_device()
     dtype_name = os.environ.get("FLAGOS_QWEN3_DTYPE", "auto")
-    dtype = _qwen3.parse_dtype(dtype_name, reference)
+    dtype = harness.qwen3.parse_dtype(dtype_name, reference)
     big = SHAPE != "tiny"
     return types.SimpleNamespace(
         shape=SHAPE,
         reference=reference,
         dtype=dtype,
-        tol=_qwen3.TOLERANCES[dtype],
+        tol=harness.qwen3.TOLERANCES[dtype],
         batch=2,
         prompt_length=32 if big else 16,
         new_tokens=16,
@@ -58,7 +60,7 @@ def qwen3():
 @pytest.fixture(scope="session")
 def master_model(qwen3):
     """The model on the CPU in float32 (random weights, seed 0); tests copy it to their devices."""
-    return _qwen3.build_model(qwen3.shape, seed=0, dtype=torch.float32)
+    return harness.qwen3.build_model(qwen3.shape, seed=0, dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
@@ -16,7 +16,7 @@ pytest.importorskip("transformers", minversion="5.0")
 @pytest.fixture(scope="module")
 def source(qwen3, master_model):
     """The model on flagos, in the dtype under test."""
-    return _qwen3.copy_to(master_model, "flagos", qwen3.dtype)
+    return harness.qwen3.copy_to(master_model, "flagos", qwen3.dtype)
 
 
 def logits(model, ids):
@@ -48,7 +48,7 @@ def test_bfloat16_copy_matches_a_bfloat16_checkpoint(tmp_path, master_model, pro
     (with them in bfloat16, every position but the first differed by about 1% at the 0.6B shape)."""
     from transformers import Qwen3ForCausalLM
 
-    source = _qwen3.copy_to(master_model, "flagos", torch.bfloat16)
+    source = harness.qwen3.copy_to(master_model, "flagos", torch.bfloat16)
     assert source.model.rotary_emb.inv_freq.dtype == torch.float32
     source.save_pretrained(tmp_path)
     loaded = Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).to("flagos").eval()
@@ -75,7 +75,7 @@ def test_torch_save_load_map_location_flagos(tmp_path, qwen3, master_model, sour
     torch.save(source.state_dict(), path)  # flagos storages
     state = torch.load(path, map_location="flagos", weights_only=True)
     assert {t.device.type for t in state.values()} == {"flagos"}
-    fresh = _qwen3.copy_to(_qwen3.build_model(qwen3.shape, seed=1), "flagos", qwen3.dtype)
+    fresh = harness.qwen3.copy_to(harness.qwen3.build_model(qwen3.shape, seed=1), "flagos", qwen3.dtype)
     assert not torch.equal(logits(fresh, prompt_ids), logits(source, prompt_ids)), "seed 1 must differ"
     fresh.load_state_dict(state)
     assert_same_weights(fresh, source)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.processes
+import harness.qwen3
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
 
 @pytest.fixture(scope="module")
 def flagos_model(qwen3, master_model):
-    return _qwen3.copy_to(master_model, "flagos", qwen3.dtype)
+    return harness.qwen3.copy_to(master_model, "flagos", qwen3.dtype)
 
 
 def test_compiled_forward_matches_eager(qwen3, flagos_model, prompt_ids):
@@ -29,7 +30,7 @@ def test_compiled_forward_matches_eager(qwen3, flagos_model, prompt_ids):
         actual = compiled(ids).logits
         again = compiled(ids).logits
     assert actual.device.type == "flagos" and actual.dtype == expected.dtype
-    _qwen3.assert_logits_close(actual, expected, qwen3.dtype, "compiled forward")
+    harness.qwen3.assert_logits_close(actual, expected, qwen3.dtype, "compiled forward")
     assert torch.equal(again.cpu(), actual.cpu()), "a second compiled call gave other logits"
 
 
@@ -38,9 +39,9 @@ def test_compiled_training_step_matches_eager(qwen3, master_model):
     g = torch.Generator().manual_seed(99)
     ids = torch.randint(0, master_model.config.vocab_size, (qwen3.batch, qwen3.prompt_length), generator=g)
     kw = dict(steps=3, lr=qwen3.lr, foreach=True)
-    eager = _qwen3.train(master_model, "flagos", qwen3.dtype, ids, **kw)
-    compiled = _qwen3.train(master_model, "flagos", qwen3.dtype, ids, compile=True, **kw)
-    _qwen3.let_autograd_threads_finish()
+    eager = harness.qwen3.train(master_model, "flagos", qwen3.dtype, ids, **kw)
+    compiled = harness.qwen3.train(master_model, "flagos", qwen3.dtype, ids, compile=True, **kw)
+    harness.processes.let_autograd_threads_finish()
     assert compiled["state_devices"] == ["flagos"]
     assert eager["losses"][-1] < eager["losses"][0], f"eager did not learn: {eager['losses']}"
     torch.testing.assert_close(
@@ -65,11 +66,11 @@ def test_static_cache_generate_with_compiled_decoding(qwen3, flagos_model, promp
 
     ids = prompt_ids[:1].to("flagos")
     new_tokens = 8
-    expected = _qwen3.greedy_generate(flagos_model, ids, new_tokens, cache_implementation="static")
+    expected = harness.qwen3.greedy_generate(flagos_model, ids, new_tokens, cache_implementation="static")
     compile_config = transformers.CompileConfig()
     compile_config._compile_all_devices = True  # transformers' switch for devices it does not list
     skips, before = counters["inductor"]["cudagraph_skips"], graph_replay.stats()
-    actual = _qwen3.greedy_generate(
+    actual = harness.qwen3.greedy_generate(
         flagos_model, ids, new_tokens, cache_implementation="static", compile_config=compile_config
     )
     assert hasattr(flagos_model, "_compiled_call"), "generate did not compile the decoding step"
@@ -77,7 +78,7 @@ def test_static_cache_generate_with_compiled_decoding(qwen3, flagos_model, promp
     assert counters["inductor"]["cudagraph_skips"] == skips
     assert replayed >= new_tokens - 3, f"{replayed} graph replays for {new_tokens} tokens"
     assert actual.sequences.device.type == "flagos"
-    problem = _qwen3.greedy_divergence(
+    problem = harness.qwen3.greedy_divergence(
         expected.sequences, actual.sequences, expected.logits, ids.shape[1], qwen3.dtype
     )
     assert problem is None, problem

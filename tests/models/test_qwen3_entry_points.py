@@ -1,5 +1,5 @@
-"""The Qwen3 entry points: ``python -m torch_fl.demo`` and ``benchmarks/qwen3.py``, with random weights and
-with ``--model`` on a checkpoint saved here."""
+"""The Qwen3 entry points: ``python -m examples.qwen3_demo`` and ``python -m benchmarks.qwen3``, with random
+weights and with ``--model`` on a checkpoint saved here."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.processes
+import harness.qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 900  # the 0.6b shape builds and runs the full-size model
 
 
@@ -33,7 +33,7 @@ def checkpoint(tmp_path_factory, qwen3):
     from transformers import PreTrainedTokenizerFast
 
     path = tmp_path_factory.mktemp("qwen3-checkpoint")
-    model = _qwen3.build_model(qwen3.shape, seed=7, dtype=qwen3.dtype)
+    model = harness.qwen3.build_model(qwen3.shape, seed=7, dtype=qwen3.dtype)
     model.save_pretrained(path)
     vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
     words = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -44,7 +44,7 @@ def checkpoint(tmp_path_factory, qwen3):
 
 def test_demo(run_python, qwen3):
     result = run_python(
-        "", args=["-m", "torch_fl.demo", "--shape", qwen3.shape, "--new-tokens", "8"], timeout=TIMEOUT_S
+        "", args=["-m", "examples.qwen3_demo", "--shape", qwen3.shape, "--new-tokens", "8"], timeout=TIMEOUT_S
     )
     assert result.returncode == 0, repr(result)
     out = result.stdout
@@ -62,7 +62,7 @@ def test_demo_graphs(run_python):
     simulated accelerator)."""
     result = run_python(
         "",
-        args=["-m", "torch_fl.demo", "--graphs", "--shape", "tiny", "--new-tokens", "4"],
+        args=["-m", "examples.qwen3_demo", "--graphs", "--shape", "tiny", "--new-tokens", "4"],
         env={"FLAGOS_ACCELERATOR": "sim"},
         timeout=90,
     )
@@ -78,16 +78,17 @@ def test_demo_graphs(run_python):
 
 def test_demo_graphs_fails_when_replay_differs(monkeypatch, capsys, qwen3):
     """Graph replay giving other token ids than eager decode makes the demo report it and exit 1."""
-    from torch_fl import _static_decode, demo
+    from examples import qwen3_demo
+    from harness import static_decode
 
-    generate = _static_decode.StaticGreedyDecoder.generate
+    generate = static_decode.StaticGreedyDecoder.generate
 
     def off_by_one_when_replayed(self, input_ids, new_tokens):
         tokens = generate(self, input_ids, new_tokens)
         return tokens + 1 if self.graphs else tokens
 
-    monkeypatch.setattr(_static_decode.StaticGreedyDecoder, "generate", off_by_one_when_replayed)
-    code = demo.main(["--shape", qwen3.shape, "--new-tokens", "3", "--graphs"])
+    monkeypatch.setattr(static_decode.StaticGreedyDecoder, "generate", off_by_one_when_replayed)
+    code = qwen3_demo.main(["--shape", qwen3.shape, "--new-tokens", "3", "--graphs"])
     out = capsys.readouterr().out
     assert code == 1, out
     assert re.search(r"parity, token ids: 3/3 identical to \w+'s: OK", out), out
@@ -102,7 +103,7 @@ def test_demo_with_model(run_python, qwen3, checkpoint):
         "",
         args=[
             "-m",
-            "torch_fl.demo",
+            "examples.qwen3_demo",
             "--model",
             str(checkpoint),
             "--new-tokens",
@@ -118,9 +119,11 @@ def test_demo_with_model(run_python, qwen3, checkpoint):
     assert prompt == [5, 17, 99, 3, 64]
     assert "flagos generated text: '" + " ".join(f"w{i}" for i in generated) + "'" in result.stdout
 
-    model = _qwen3.copy_to(_qwen3.build_model(model_path=checkpoint, dtype=qwen3.dtype), qwen3.reference)
-    expected = _qwen3.greedy_generate(model, torch.tensor([prompt]).to(qwen3.reference), 6)
-    problem = _qwen3.greedy_divergence(
+    model = harness.qwen3.copy_to(
+        harness.qwen3.build_model(model_path=checkpoint, dtype=qwen3.dtype), qwen3.reference
+    )
+    expected = harness.qwen3.greedy_generate(model, torch.tensor([prompt]).to(qwen3.reference), 6)
+    problem = harness.qwen3.greedy_divergence(
         expected.sequences, torch.tensor([prompt + generated]), expected.logits, len(prompt), qwen3.dtype
     )
     assert problem is None, f"{problem}\n{result.stdout}"
@@ -129,7 +132,7 @@ def test_demo_with_model(run_python, qwen3, checkpoint):
 def test_demo_fails_when_parity_fails(capsys, qwen3):
     """A wrong kernel on flagos (mm.out off by 5%) makes the demo report the mismatch and exit 1."""
     import torch_fl
-    from torch_fl import demo
+    from examples import qwen3_demo
 
     def wrong_mm_out(self, mat2, *, out):
         return torch.mm(self, mat2, out=out).mul_(1.05)
@@ -141,7 +144,7 @@ def test_demo_fails_when_parity_fails(capsys, qwen3):
     torch_fl.routing.register_python_impl("aten::mm.out", wrong_mm_out)
     torch_fl.routing.register_python_impl("aten::mm", wrong_mm)
     try:
-        code = demo.main(["--shape", qwen3.shape, "--new-tokens", "4"])
+        code = qwen3_demo.main(["--shape", qwen3.shape, "--new-tokens", "4"])
     finally:
         torch_fl.routing.unregister_python_impl("aten::mm.out")
         torch_fl.routing.unregister_python_impl("aten::mm")
@@ -155,7 +158,7 @@ def test_demo_reports_routing_counts(monkeypatch, capsys, qwen3):
     """Where torch_fl.routing has counts()/reset_counts() (another change adds them), the demo resets the
     counts before generating on flagos and prints them per backend; stand-ins here until they land."""
     import torch_fl
-    from torch_fl import demo
+    from examples import qwen3_demo
 
     calls = []
     monkeypatch.setattr(torch_fl.routing, "reset_counts", lambda: calls.append("reset"), raising=False)
@@ -165,7 +168,7 @@ def test_demo_reports_routing_counts(monkeypatch, capsys, qwen3):
         lambda: calls.append("counts") or {"native": 1234, "cpu": 5},
         raising=False,
     )
-    assert demo.main(["--shape", qwen3.shape, "--new-tokens", "2"]) == 0
+    assert qwen3_demo.main(["--shape", qwen3.shape, "--new-tokens", "2"]) == 0
     out = capsys.readouterr().out
     assert "by backend: native 1234, cpu 5" in out, out
     assert calls == ["reset", "counts"]
@@ -174,7 +177,7 @@ def test_demo_reports_routing_counts(monkeypatch, capsys, qwen3):
 def test_benchmark_with_model(run_python, checkpoint, tmp_path):
     config = tmp_path / "mm_on_cpu.conf"
     config.write_text("mm = cpu\nmm.out = cpu\n")  # backed by CUDA torch.mm reaches aten::mm itself
-    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--model", str(checkpoint), "--repeats", "1"]
+    args = ["-m", "benchmarks.qwen3", "--model", str(checkpoint), "--repeats", "1"]
     args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
     result = run_python("", args=[*args, "--configs", f"native,{config}"], timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
@@ -192,7 +195,7 @@ def test_benchmark_with_model(run_python, checkpoint, tmp_path):
 
 
 def test_benchmark_top_ops(run_python, qwen3):
-    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--shape", qwen3.shape, "--repeats", "1"]
+    args = ["-m", "benchmarks.qwen3", "--shape", qwen3.shape, "--repeats", "1"]
     args += ["--prompt-length", "16", "--new-tokens", "4", "--batch", "1", "--train-length", "16"]
     result = run_python("", args=[*args, "--top-ops", "3"], timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
@@ -215,7 +218,7 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     """benchmarks/qwen3.py --compile --side-by-side: the two compiled training processes run at the same
     time and their timed steps take turns in blocks, which the table pairs (20 steps each at the least: 4
     blocks of 5). The tiny shape, so that it compiles in a minute."""
-    args = [os.path.join(REPO, "benchmarks", "qwen3.py"), "--shape", "tiny", "--compile", "--parts", "train"]
+    args = ["-m", "benchmarks.qwen3", "--shape", "tiny", "--compile", "--parts", "train"]
     args += ["--repeats", "1", "--batch", "1", "--train-length", "8"]
     args += ["--side-by-side", "--train-results", str(tmp_path)]
     result = run_python("", args=args, timeout=TIMEOUT_S)
@@ -231,25 +234,27 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     taken = re.findall(r"\.\. train on (\w+): taken from ", again.stdout)
     assert sorted(taken) == sorted(["flagos", qwen3.reference]), again.stdout
     assert row[0] in again.stdout, again.stdout  # the same figures
-    bad = run_python("", args=[args[0], "--parts", "train", "--side-by-side"], timeout=TIMEOUT_S)
+    bad = run_python("", args=[*args[:2], "--parts", "train", "--side-by-side"], timeout=TIMEOUT_S)
     assert bad.returncode != 0 and "it needs --compile and train" in bad.stderr, repr(bad)
 
 
 def test_turns_alternate_blocks(tmp_path):
-    """_qwen3.Turns: two processes' blocks run in the order ABBA, one at a time, each waiting for the
-    other's; a failed partner (``abort``) ends the wait with an error instead of a hang."""
-    assert [_qwen3.Turns.owner(t) for t in range(8)] == [0, 1, 1, 0, 0, 1, 1, 0]
+    """harness.processes.Turns: two processes' blocks run in the order ABBA, one at a time, each waiting for
+    the other's; a failed partner (``abort``) ends the wait with an error instead of a hang."""
+    assert [harness.processes.Turns.owner(t) for t in range(8)] == [0, 1, 1, 0, 0, 1, 1, 0]
     script = (
-        "import sys, time; sys.path.insert(0, sys.argv[3]); import _qwen3\n"
+        "import sys, time; from harness.processes import Turns\n"
         "log = open(sys.argv[1] + '/log', 'a')\n"
         "def step():\n"
         "    log.write(sys.argv[2] + ' start\\n'); log.flush(); time.sleep(0.01)\n"
         "    log.write(sys.argv[2] + ' end\\n'); log.flush(); return 0.01\n"
-        "times = _qwen3.Turns(sys.argv[1], int(sys.argv[2]), block=2, timeout_s=60).take(step, 5)\n"
+        "times = Turns(sys.argv[1], int(sys.argv[2]), block=2, timeout_s=60).take(step, 5)\n"
         "assert len(times) == 6, times\n"
     )
-    here = os.path.dirname(_qwen3.__file__)
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(me), here]) for me in (0, 1)]
+    env = harness.processes.python_env()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(me)], env=env) for me in (0, 1)
+    ]
     try:
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
     finally:
@@ -261,7 +266,7 @@ def test_turns_alternate_blocks(tmp_path):
     assert events[1::4] == ["start"] * 12 and events[3::4] == ["end"] * 12, events
     assert all(events[i] == events[i + 2] for i in range(0, len(events), 4)), events  # one at a time
     assert owners == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1], owners  # blocks of 2, ABBA
-    lonely = _qwen3.Turns(str(tmp_path / "x"), 0, block=1, timeout_s=60)
+    lonely = harness.processes.Turns(str(tmp_path / "x"), 0, block=1, timeout_s=60)
     os.makedirs(lonely.folder)
     open(os.path.join(lonely.folder, "abort"), "w").close()
     with pytest.raises(RuntimeError, match="never got to 'ready-1'"):
@@ -274,7 +279,7 @@ def test_turns_of_a_launch_of_several_ranks_are_marked_by_one(tmp_path):
     import threading
 
     def side(me: int, marks: bool, out: list) -> threading.Thread:
-        turns = _qwen3.Turns(str(tmp_path), me, block=1, timeout_s=60, marks=marks)
+        turns = harness.processes.Turns(str(tmp_path), me, block=1, timeout_s=60, marks=marks)
         return threading.Thread(target=lambda: out.extend(turns.take(lambda: me, 2)))
 
     rank0, rank1, other = [], [], []
@@ -289,11 +294,13 @@ def test_turns_of_a_launch_of_several_ranks_are_marked_by_one(tmp_path):
     alone = tmp_path / "alone"
     alone.mkdir()
     quiet = threading.Thread(
-        target=lambda: _qwen3.Turns(str(alone), 0, block=1, timeout_s=2, marks=False).take(lambda: 0, 1)
+        target=lambda: harness.processes.Turns(str(alone), 0, block=1, timeout_s=2, marks=False).take(
+            lambda: 0, 1
+        )
     )
     quiet.start()
     with pytest.raises(RuntimeError, match="never got to 'ready-0'"):
-        _qwen3.Turns(str(alone), 1, block=1, timeout_s=2).take(lambda: 1, 1)
+        harness.processes.Turns(str(alone), 1, block=1, timeout_s=2).take(lambda: 1, 1)
     quiet.join(timeout=30)
     assert os.listdir(alone) == ["ready-1"]
 
@@ -301,7 +308,7 @@ def test_turns_of_a_launch_of_several_ranks_are_marked_by_one(tmp_path):
 def test_compile_time_benchmark(run_python, qwen3):
     """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
     fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
-    args = [os.path.join(REPO, "benchmarks", "compile_time.py"), "--part", "prefill", "--shape", qwen3.shape]
+    args = ["-m", "benchmarks.compile_time", "--part", "prefill", "--shape", qwen3.shape]
     result = run_python("", args=[*args, "--layers", "1", "--length", "16", "--top", "5"], timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
     out = result.stdout
@@ -317,7 +324,7 @@ def test_compile_time_benchmark(run_python, qwen3):
 def test_compile_time_benchmark_steps(run_python, qwen3):
     """benchmarks/compile_time.py --steps: after the first compiled training step, steady steps on each
     device (synchronised, and the host's time per step) and the host calls flagos spends most over."""
-    args = [os.path.join(REPO, "benchmarks", "compile_time.py"), "--part", "train", "--shape", qwen3.shape]
+    args = ["-m", "benchmarks.compile_time", "--part", "train", "--shape", qwen3.shape]
     args += ["--layers", "1", "--length", "8", "--top", "1", "--steps", "3", "--host-top", "3"]
     result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
@@ -332,23 +339,17 @@ def test_compile_time_benchmark_steps(run_python, qwen3):
     host = out.split("flagos's excess first (top 3)")[1].split("\n## ")[0]
     excess = [float(m) for m in re.findall(r"^\| .+ \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+) \|$", host, re.M)]
     assert len(excess) == 3 and excess == sorted(excess, reverse=True), out
-    bad = run_python("", args=[args[0], "--part", "prefill", "--steps", "2"], timeout=TIMEOUT_S)
+    bad = run_python("", args=[*args[:2], "--part", "prefill", "--steps", "2"], timeout=TIMEOUT_S)
     assert bad.returncode != 0 and "--steps times training steps" in bad.stderr, repr(bad)
 
 
 def test_graph_benchmark_parity_rule():
     """benchmarks/qwen3.py --graphs: two runs that should agree may part only at a near tie of the first
     run's step (a note); parting anywhere else is a failure."""
-    import sys
+    from benchmarks.qwen3_graphs import _parity
+    from harness.static_decode import StaticGreedyDecoder
 
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        from qwen3_graphs import _parity
-    finally:
-        sys.path.pop(0)
-    from torch_fl._static_decode import StaticGreedyDecoder
-
-    model = _qwen3.copy_to(_qwen3.build_model("tiny", dtype=torch.float32), "flagos")
+    model = harness.qwen3.copy_to(harness.qwen3.build_model("tiny", dtype=torch.float32), "flagos")
     ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     expected = StaticGreedyDecoder(model, graphs=False).generate(ids.to("flagos"), 6).cpu()
     failures, notes = [], []

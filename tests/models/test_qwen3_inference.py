@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
 
 @pytest.fixture(scope="module")
 def models(qwen3, master_model):
-    reference = _qwen3.copy_to(master_model, qwen3.reference, qwen3.dtype)
-    flagos = _qwen3.copy_to(master_model, "flagos", qwen3.dtype)
+    reference = harness.qwen3.copy_to(master_model, qwen3.reference, qwen3.dtype)
+    flagos = harness.qwen3.copy_to(master_model, "flagos", qwen3.dtype)
     return reference, flagos
 
 
@@ -36,16 +36,16 @@ def test_logits_match_reference(models, qwen3, prompt_ids, padding):
     assert actual.device.type == "flagos" and actual.dtype == expected.dtype
     keep = mask.bool()  # logits at padded positions are meaningless on every device
     expected, actual = expected.cpu()[keep], actual.cpu()[keep]
-    _qwen3.assert_logits_close(actual, expected, qwen3.dtype)
+    harness.qwen3.assert_logits_close(actual, expected, qwen3.dtype)
 
 
 def test_greedy_generate_matches_reference(models, qwen3, prompt_ids):
     reference, flagos = models
-    expected = _qwen3.greedy_generate(reference, prompt_ids.to(qwen3.reference), qwen3.new_tokens)
-    actual = _qwen3.greedy_generate(flagos, prompt_ids.to("flagos"), qwen3.new_tokens)
+    expected = harness.qwen3.greedy_generate(reference, prompt_ids.to(qwen3.reference), qwen3.new_tokens)
+    actual = harness.qwen3.greedy_generate(flagos, prompt_ids.to("flagos"), qwen3.new_tokens)
     assert actual.sequences.device.type == "flagos"
     assert actual.sequences.shape == (qwen3.batch, qwen3.prompt_length + qwen3.new_tokens)
-    problem = _qwen3.greedy_divergence(
+    problem = harness.qwen3.greedy_divergence(
         expected.sequences, actual.sequences, expected.logits, qwen3.prompt_length, qwen3.dtype
     )
     assert problem is None, problem
@@ -57,19 +57,23 @@ def test_greedy_generate_matches_reference(models, qwen3, prompt_ids):
     for step, (e, a) in enumerate(zip(expected.logits, actual.logits, strict=True)):
         if not bool(same[: qwen3.prompt_length + step].all()):
             break
-        _qwen3.assert_logits_close(a, e, qwen3.dtype, f"new token {step}")
+        harness.qwen3.assert_logits_close(a, e, qwen3.dtype, f"new token {step}")
 
 
 def test_greedy_divergence_rejects_a_changed_token(models, qwen3, prompt_ids):
     """The comparison above can fail: a token that is not a near tie of the reference is rejected."""
     reference, _ = models
-    out = _qwen3.greedy_generate(reference, prompt_ids.to(qwen3.reference), 4)
+    out = harness.qwen3.greedy_generate(reference, prompt_ids.to(qwen3.reference), 4)
     changed = out.sequences.clone().cpu()
     step_logits = out.logits[0][0].float().cpu()
     changed[0, qwen3.prompt_length] = int(step_logits.argmin())  # the reference's least likely token
     assert (
-        _qwen3.greedy_divergence(out.sequences, out.sequences, out.logits, qwen3.prompt_length, qwen3.dtype)
+        harness.qwen3.greedy_divergence(
+            out.sequences, out.sequences, out.logits, qwen3.prompt_length, qwen3.dtype
+        )
         is None
     )
-    problem = _qwen3.greedy_divergence(out.sequences, changed, out.logits, qwen3.prompt_length, qwen3.dtype)
+    problem = harness.qwen3.greedy_divergence(
+        out.sequences, changed, out.logits, qwen3.prompt_length, qwen3.dtype
+    )
     assert problem is not None and "not a near tie" in problem

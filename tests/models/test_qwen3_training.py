@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_fl import _qwen3
+import harness.processes
+import harness.qwen3
 
 pytest.importorskip("transformers", minversion="5.0")
 
@@ -14,14 +15,21 @@ CLEAN_PROCESS_TIMEOUT_S = 900
 
 
 def train(qwen3, master, device, dtype, ids, **kw) -> dict:
-    """_qwen3.train on ``device``; where a backward on it cannot run in this process (cuda, once torch_fl
-    is imported: see _qwen3.backward_runs_here) in a fresh process that rebuilds the same master model."""
-    if _qwen3.backward_runs_here(device):
-        result = _qwen3.train(master, device, dtype, ids, **kw)
+    """harness.qwen3.train on ``device``; where a backward on it cannot run in this process (cuda, once
+    torch_fl is imported: see harness.processes.backward_runs_here) in a fresh process that rebuilds the same
+    master model."""
+    if harness.processes.backward_runs_here(device):
+        result = harness.qwen3.train(master, device, dtype, ids, **kw)
     else:
         spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)  # as the master_model fixture
-        result = _qwen3.run_in_clean_process(
-            "train", spec, device=device, dtype=dtype, ids=ids, timeout=CLEAN_PROCESS_TIMEOUT_S, **kw
+        result = harness.processes.run_in_clean_process(
+            "harness.qwen3:train",
+            spec,
+            device=device,
+            dtype=dtype,
+            ids=ids,
+            timeout=CLEAN_PROCESS_TIMEOUT_S,
+            **kw,
         )
     assert result["state_devices"] == [torch.device(device).type], (
         f"optimizer state on {result['state_devices']}"
@@ -83,16 +91,20 @@ def test_bf16_autocast_training_tracks_reference(qwen3, master_model, train_ids)
         "torch.autocast('flagos') did not run the model in bfloat16"
     )
     assert reference["logits_dtype"] == torch.bfloat16
-    check_tracks(reference, flagos, initial, _qwen3.TOLERANCES[torch.bfloat16], qwen3.lr, elementwise=False)
+    check_tracks(
+        reference, flagos, initial, harness.qwen3.TOLERANCES[torch.bfloat16], qwen3.lr, elementwise=False
+    )
 
 
 def test_training_in_a_clean_process_is_the_same_training(qwen3, master_model, train_ids):
     """The clean process (how the CUDA reference trains beside flagos) rebuilds the same master model and
     runs the same steps: on the CPU its result equals this process's."""
     kw = dict(dtype=torch.float32, ids=train_ids, steps=2, lr=qwen3.lr, foreach=True)
-    here = _qwen3.train(master_model, "cpu", **kw)
+    here = harness.qwen3.train(master_model, "cpu", **kw)
     spec = dict(shape=qwen3.shape, seed=0, dtype=torch.float32)
-    there = _qwen3.run_in_clean_process("train", spec, device="cpu", timeout=CLEAN_PROCESS_TIMEOUT_S, **kw)
+    there = harness.processes.run_in_clean_process(
+        "harness.qwen3:train", spec, device="cpu", timeout=CLEAN_PROCESS_TIMEOUT_S, **kw
+    )
     assert there["losses"] == pytest.approx(here["losses"], rel=1e-6)
     for name, weight in here["weights"].items():
         torch.testing.assert_close(there["weights"][name], weight, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,5 @@
-"""``python -m torch_fl.demo``: a Qwen3 model generating text on the flagos device, checked against the
-reference device.
+"""``python -m examples.qwen3_demo`` (from the repository's root; ``scripts/demo.sh`` runs it): a Qwen3 model
+generating text on the flagos device, checked against the reference device.
 
 It reports the environment (device, accelerator), builds Hugging Face's Qwen3ForCausalLM (random weights
 from a fixed seed: the tiny shape on the simulated accelerator, Qwen3-0.6B's shape on a GPU; or a local
@@ -8,7 +8,7 @@ simulated accelerator, CUDA on NVIDIA), checks that logits and token ids agree w
 tolerance, and prints tokens/s on both and how many operator calls each flagos backend served. Without a
 tokenizer (random weights, or a checkpoint without one) the text is shown as token ids. With ``--graphs`` it
 also decodes on flagos with a static KV cache twice, eagerly and by graph replay of the captured decode step
-(``torch_fl._static_decode``), checks that the token ids are equal and prints decode tokens/s of both. The
+(``harness.static_decode``), checks that the token ids are equal and prints decode tokens/s of both. The
 exit code is 1 when parity fails.
 """
 
@@ -62,14 +62,18 @@ def _token_progress(label: str, total: int):
 
 
 def _generate(model, ids, new_tokens: int, device: str, label: str):
-    from torch_fl import _qwen3
+    """Greedy generation on ``device``, and its seconds (the device's queued work waited for)."""
+    import torch
 
-    _qwen3.synchronize(device)
+    from harness import qwen3
+
+    wait = getattr(torch, device).synchronize  # torch.flagos, torch.cuda or torch.cpu
+    wait()
     start = time.perf_counter()
-    out = _qwen3.greedy_generate(
+    out = qwen3.greedy_generate(
         model, ids, new_tokens, fixed_length=False, streamer=_token_progress(label, new_tokens)
     )
-    _qwen3.synchronize(device)
+    wait()
     return out, time.perf_counter() - start
 
 
@@ -77,7 +81,7 @@ def _graph_decode(model, prompt, new_tokens: int) -> bool:
     """Static-cache greedy decode on flagos, eager and by graph replay: token ids equal, decode tokens/s."""
     import torch
 
-    from torch_fl._static_decode import StaticGreedyDecoder
+    from harness.static_decode import StaticGreedyDecoder
 
     results = {}
     for name, graphs in (("eager", False), ("graphs", True)):
@@ -119,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("\nThe demo needs Hugging Face transformers 5.x (scripts/install.sh installs it).")
         return 1
-    from torch_fl import _qwen3
+    from harness import qwen3
 
-    reference = _qwen3.reference_device()
-    dtype = _qwen3.parse_dtype(args.dtype, reference)
-    shape = _qwen3.default_shape(reference) if args.shape == "auto" else args.shape
+    reference = qwen3.reference_device()
+    dtype = qwen3.parse_dtype(args.dtype, reference)
+    shape = qwen3.default_shape(reference) if args.shape == "auto" else args.shape
     source = args.model or f"Qwen3 {shape} shape, random weights (seed {args.seed})"
     print(
         f"\nQwen3 on flagos ({torch_fl.accelerator()}) against {reference}; transformers "
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  model: {source}, {str(dtype).replace('torch.', '')}")
 
     with _Phase("building the model on the CPU"):
-        master = _qwen3.build_model(shape, seed=args.seed, dtype=dtype, model_path=args.model)
+        master = qwen3.build_model(shape, seed=args.seed, dtype=dtype, model_path=args.model)
     c = master.config
     params = sum(p.numel() for p in master.parameters())
     print(
@@ -140,11 +144,11 @@ def run(args: argparse.Namespace) -> int:
         f"{c.num_attention_heads} heads ({c.num_key_value_heads} KV), vocab {c.vocab_size}"
     )
     with _Phase(f"copying it to flagos and to {reference}"):
-        on_flagos = _qwen3.copy_to(master, "flagos")
-        on_reference = _qwen3.copy_to(master, reference)
+        on_flagos = qwen3.copy_to(master, "flagos")
+        on_reference = qwen3.copy_to(master, reference)
         del master
 
-    tokenizer = _qwen3.load_tokenizer(args.model)
+    tokenizer = qwen3.load_tokenizer(args.model)
     if tokenizer is not None:
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
         print(f"  prompt: {args.prompt!r} (the checkpoint's tokenizer)")
@@ -158,11 +162,11 @@ def run(args: argparse.Namespace) -> int:
     prompt_length = ids.shape[1]
 
     with _Phase("warming up both devices (2 tokens each)"):
-        _qwen3.greedy_generate(on_flagos, prompt, 2)
-        _qwen3.greedy_generate(on_reference, prompt_ref, 2)
-    _qwen3.reset_routing_counts()
+        qwen3.greedy_generate(on_flagos, prompt, 2)
+        qwen3.greedy_generate(on_reference, prompt_ref, 2)
+    qwen3.reset_routing_counts()
     out, fl_seconds = _generate(on_flagos, prompt, args.new_tokens, "flagos", "generating on flagos")
-    counts = _qwen3.routing_counts()
+    counts = qwen3.routing_counts()
     _progress(f"generated {out.sequences.shape[1] - prompt_length} tokens on flagos in {fl_seconds:.2f} s")
     ref_out, ref_seconds = _generate(
         on_reference, prompt_ref, args.new_tokens, reference, f"generating on {reference}"
@@ -177,14 +181,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"  flagos generated text: {tokenizer.decode(tokens)!r}")
 
     with _Phase("checking parity (logits of the whole sequence on both devices)"):
-        divergence = _qwen3.greedy_divergence(
+        divergence = qwen3.greedy_divergence(
             ref_out.sequences, out.sequences, ref_out.logits, prompt_length, dtype
         )
         full = ref_out.sequences.cpu()
         with torch.no_grad():
             expected = on_reference(full.to(reference)).logits
             actual = on_flagos(full.to("flagos")).logits
-        logits = _qwen3.compare_logits(actual, expected, dtype)
+        logits = qwen3.compare_logits(actual, expected, dtype)
     same = 0
     if out.sequences.shape == ref_out.sequences.shape:  # with an end-of-sequence token lengths may differ
         same = int((out.sequences.cpu() == ref_out.sequences.cpu()).all(dim=0)[prompt_length:].sum())
@@ -199,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         f"  tokens/s (greedy generate, prefill included): flagos {fl_rate:.1f}, {reference} {ref_rate:.1f} "
         f"(flagos/{reference} {fl_rate / ref_rate:.2f})"
     )
-    print(f"  op calls served on flagos during generate, by backend: {_qwen3.format_counts(counts)}")
+    print(f"  op calls served on flagos during generate, by backend: {qwen3.format_counts(counts)}")
     print(f"  flagos memory: peak {torch.flagos.max_memory_allocated() / 2**20:.0f} MiB allocated")
 
     ok = divergence is None and logits.ok
@@ -213,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m torch_fl.demo",
+        prog="python -m examples.qwen3_demo",
         description=__doc__.split("\n\n")[0].strip("`").replace("``", ""),
     )
     parser.add_argument(

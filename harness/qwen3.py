@@ -1,7 +1,6 @@
-"""Qwen3 on flagos: what the demo, ``benchmarks/qwen3.py`` and ``tests/models`` share.
+"""Qwen3 on flagos: what the demo (``examples/qwen3_demo.py``), the benchmarks and ``tests/models`` share.
 
-Needs Hugging Face ``transformers`` (5.x), which torch_fl itself does not depend on: this module is only
-imported by those entry points, never by ``import torch_fl``.
+Needs Hugging Face ``transformers`` (5.x), which torch_fl itself does not depend on.
 
 - Shapes: ``tiny`` (CI: 2 layers, hidden 64) and ``0.6b`` (Qwen3-0.6B: 28 layers, hidden 1024, vocab
   151936), built from a ``Qwen3Config`` with random weights from a fixed seed; or a local Hugging Face
@@ -16,16 +15,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
 import torch
 
 # torch_fl itself is imported where it is needed, not here: the reference's training runs in a process
-# that loads this file without ever importing torch_fl (see run_in_clean_process).
+# that imports this module without ever importing torch_fl (harness.processes.run_in_clean_process).
 
 SHAPES: dict[str, dict] = {
     # CI size: every tests/models run and the demo on the simulated accelerator take seconds on 2 cores.
@@ -199,25 +193,6 @@ def copy_to(model, device: str | torch.device, dtype: torch.dtype | None = None)
     return cast(copy.deepcopy(model).to(device=device), dtype)
 
 
-def synchronize(device: str | torch.device) -> None:
-    kind = torch.device(device).type
-    if kind == "flagos":
-        torch.flagos.synchronize()
-    elif kind == "cuda":
-        torch.cuda.synchronize()
-
-
-def let_autograd_threads_finish() -> None:
-    """Lets torch's autograd device threads drop their last graph task before the interpreter exits.
-
-    On torch 2.13 a backward pass on a non-CPU device leaves the device's autograd thread holding a
-    Python object (the graph task's saved ``contextvars`` context) that it releases once it next gets
-    the GIL; if the process exits first, that thread is killed inside a C++ destructor and the process
-    aborts ("terminate called without an active exception", exit code 134). Entry points that end soon
-    after a backward call this; sleeping releases the GIL for it."""
-    time.sleep(0.05)
-
-
 @dataclasses.dataclass
 class LogitsComparison:
     ok: bool
@@ -381,7 +356,7 @@ def format_counts(counts: dict[str, int] | None) -> str:
     return ", ".join(f"{backend} {calls}" for backend, calls in sorted(served.items(), key=lambda kv: -kv[1]))
 
 
-# ---- Training, and the CUDA reference's training in a process of its own -------------------------------
+# ---- Training ---------------------------------------------------------------------------------------------
 
 
 def train_step(model, optimizer, ids: torch.Tensor, *, autocast: bool = False):
@@ -420,8 +395,8 @@ def train(
 ) -> dict:
     """``steps`` AdamW steps of a copy of ``master`` on ``device`` in ``dtype`` (the whole step compiled
     with ``compile``, see compiled_train_step). Returns plain data (it crosses processes, see
-    run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU), ``logits_dtype`` of the last
-    step and ``state_devices``, the device types of the optimizer's state."""
+    harness.processes.run_in_clean_process): ``losses``, final ``weights`` (float32, on the CPU),
+    ``logits_dtype`` of the last step and ``state_devices``, the device types of the optimizer's state."""
     model = copy_to(master, device, dtype).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
     ids = ids.to(device)
@@ -444,249 +419,3 @@ def train(
     )
     weights = {name: p.detach().float().cpu() for name, p in model.named_parameters()}
     return dict(losses=losses, weights=weights, logits_dtype=out.logits.dtype, state_devices=state_devices)
-
-
-def time_train_steps(
-    master,
-    device: str,
-    ids: torch.Tensor,
-    repeats: int,
-    compile: bool = False,
-    warmup: int = 1,
-    turns: dict | None = None,
-) -> list[float]:
-    """Seconds of each training step (forward, backward, foreach AdamW) of a copy of ``master`` on
-    ``device`` (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` steps first
-    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first. With
-    ``turns`` (Turns' arguments), the timed steps take turns with another process's (at least ``repeats``).
-    """
-    model = copy_to(master, device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    ids = ids.to(device)
-    step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
-
-    def timed_step() -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        step(ids)
-        synchronize(device)
-        return time.perf_counter() - start
-
-    times = [timed_step() for _ in range(warmup)]
-    if turns is not None:
-        return times + Turns(**turns).take(timed_step, repeats)
-    return times + [timed_step() for _ in range(repeats)]
-
-
-class Turns:
-    """The timed steps of two processes run at the same time (benchmarks/qwen3.py and
-    benchmarks/distributed.py with --side-by-side), taken in turns: once both finished their warm-up
-    (compilation, the first steps), blocks of ``block`` steps alternate between them in the order ABBA
-    (0 1 1 0 0 1 ...), so that only one process runs at a time, on the same GPU and CPUs, and the machine's
-    drift hits both alike. They hand over through files in ``folder``: ``ready-<me>``, ``done-<turn>``;
-    ``abort`` (written by the parent when the other failed) ends the wait. A launch of several ranks is one
-    side: each of its ranks waits, and only the one with ``marks`` writes its side's files."""
-
-    BLOCK = 5
-
-    def __init__(
-        self, folder: str, me: int, block: int = BLOCK, timeout_s: float = 3600.0, marks: bool = True
-    ):
-        self.folder, self.me, self.block, self.timeout_s, self.marks = folder, me, block, timeout_s, marks
-
-    @staticmethod
-    def owner(turn: int) -> int:
-        return turn % 2 if (turn // 2) % 2 == 0 else 1 - turn % 2
-
-    @staticmethod
-    def block_pairs(ref: list[float], fl: list[float], block: int = BLOCK) -> list[float]:
-        """Ratios of two sides' block medians, block by block: the i-th blocks of the two sides ran one
-        right after the other."""
-        n = min(len(ref), len(fl)) // block
-        return [
-            statistics.median(fl[i * block : (i + 1) * block])
-            / statistics.median(ref[i * block : (i + 1) * block])
-            for i in range(n)
-        ]
-
-    def _mark(self, name: str) -> None:
-        if self.marks:
-            open(os.path.join(self.folder, name), "w").close()
-
-    def _wait(self, name: str) -> None:
-        path, abort = os.path.join(self.folder, name), os.path.join(self.folder, "abort")
-        deadline = time.monotonic() + self.timeout_s
-        while not os.path.exists(path):
-            if os.path.exists(abort) or time.monotonic() > deadline:
-                raise RuntimeError(f"taking turns: the other side never got to {name!r}")
-            time.sleep(0.002)
-
-    def take(self, timed_step, repeats: int) -> list:
-        """``timed_step()``'s results for at least ``repeats`` steps (whole blocks), in this side's turns."""
-        self._mark(f"ready-{self.me}")
-        self._wait(f"ready-{1 - self.me}")
-        results = []
-        blocks = -(-repeats // self.block)
-        for turn in range(2 * blocks):
-            if self.owner(turn) != self.me:
-                continue
-            if turn > 0 and self.owner(turn - 1) != self.me:
-                self._wait(f"done-{turn - 1}")
-            results += [timed_step() for _ in range(self.block)]
-            self._mark(f"done-{turn}")
-        return results
-
-
-def time_first_calls(
-    master,
-    device: str,
-    parts: list[str],
-    prompt: torch.Tensor,
-    decode_prompt: torch.Tensor,
-    new_tokens: int,
-    decode_mode,
-) -> dict[str, float]:
-    """Seconds of the first compiled call of each of ``parts``, in this order, on ``device``, compilation
-    included: ``prefill`` (``torch.compile(model)``) and ``decode`` (static-cache ``generate`` with its
-    decoding step compiled in ``decode_mode``); a compiled training step's first call is time_train_steps'
-    first time. For a process of its own with empty compiler caches (benchmarks/qwen3.py): a tiny compile
-    first takes the process's one-time costs."""
-    from transformers import CompileConfig
-
-    torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
-    synchronize(device)
-    model = copy_to(master, device)
-    compiled = torch.compile(model)
-    config = CompileConfig(mode=decode_mode)
-    config._compile_all_devices = True
-    calls = {
-        "prefill": lambda: compiled(prompt.to(device), logits_to_keep=1),
-        "decode": lambda: greedy_generate(
-            model, decode_prompt.to(device), new_tokens, cache_implementation="static", compile_config=config
-        ),
-    }
-    times = {}
-    for part in parts:
-        synchronize(device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            calls[part]()
-        synchronize(device)
-        times[part] = time.perf_counter() - start
-    return times
-
-
-def backward_runs_here(device: str) -> bool:
-    """Whether a backward pass on ``device`` can run in this process.
-
-    Not on ``cuda`` once torch_fl is imported: registering flagos as PyTorch's PrivateUse1 backend makes it
-    torch's one accelerator (``torch.accelerator.current_accelerator()``), and torch's autograd engine
-    then finds no stream for autograd nodes on CUDA tensors and fails every CUDA backward with an internal
-    assert (``opt_ready_stream && opt_parent_stream``, engine.cpp; pytorch/pytorch#161129, a fix declined
-    upstream). Backward on flagos tensors is unaffected. So the CUDA reference trains in a process of its
-    own (run_in_clean_process)."""
-    if torch.device(device).type != "cuda":
-        return True
-    accelerator = torch.accelerator.current_accelerator()
-    return accelerator is None or accelerator.type == "cuda"
-
-
-_CLEAN_PROCESS_MAIN = """
-import importlib.util, sys
-if sys.argv[4] == "1":
-    import torch_fl
-spec = importlib.util.spec_from_file_location("_qwen3_clean_process", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
-spec.loader.exec_module(module)
-module._serve_clean_process(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
-"""
-
-
-def hf_static_decode_seconds(
-    model, device: str, prompt: int, tokens: tuple[int, int], repeats: int, compile_all_devices: bool = False
-) -> list[float]:
-    """Seconds per decoded token of Hugging Face's ``generate(cache_implementation="static")`` (which
-    compiles the forward and replays CUDA graphs on cuda): the difference between generating
-    ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process.
-    ``compile_all_devices``: generate's default compile config, told to compile on any device (transformers
-    compiles on cuda-like devices only), as docs/compile.md shows for flagos."""
-    generation = {}
-    if compile_all_devices:
-        from transformers import CompileConfig
-
-        config = CompileConfig()
-        config._compile_all_devices = True
-        generation["compile_config"] = config
-    model = copy_to(model, device)
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(device)
-
-    def run(n: int) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                cache_implementation="static",
-                **generation,
-            )
-        synchronize(device)
-        return time.perf_counter() - start
-
-    for n in tokens:  # compilation and warm-up for both lengths
-        run(n)
-    return [(run(tokens[1]) - run(tokens[0])) / (tokens[1] - tokens[0]) for _ in range(repeats)]
-
-
-def run_in_clean_process(
-    function: str,
-    master: dict,
-    env: dict | None = None,
-    with_torch_fl: bool = False,
-    timeout: float | None = None,
-    **kwargs,
-):
-    """``function(build_model(**master), **kwargs)`` (a function of this module) run in a fresh Python
-    process that never imports torch_fl, so that CUDA backward works there (see backward_runs_here); with
-    ``with_torch_fl``, a fresh process that does (for flagos runs that must start cold).
-
-    Arguments and the result cross as ``torch.save`` files (plain data and tensors only), in /dev/shm
-    where there is one. ``env`` adds environment variables for the child. The child's output goes to this
-    process's stderr; a failure raises RuntimeError with the child's exit code, and so does a child still
-    running after ``timeout`` seconds (it is killed)."""
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_", dir=shm) as tmp:
-        request, result = os.path.join(tmp, "request.pt"), os.path.join(tmp, "result.pt")
-        torch.save({"function": function, "master": master, "kwargs": kwargs}, request)
-        command = [sys.executable, "-c", _CLEAN_PROCESS_MAIN, os.path.abspath(__file__), request, result]
-        with subprocess.Popen(
-            [*command, "1" if with_torch_fl else "0"], stdout=sys.stderr, env={**os.environ, **(env or {})}
-        ) as proc:
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(
-                    f"{function} in a clean process did not finish within {timeout} s"
-                ) from None
-            except BaseException:
-                proc.kill()
-                raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"{function} in a clean process failed with exit code {proc.returncode}")
-        return torch.load(result, weights_only=False)
-
-
-def _serve_clean_process(request_path: str, result_path: str, with_torch_fl: bool = False) -> None:
-    request = torch.load(request_path, weights_only=False)
-    master = build_model(**request["master"])
-    result = globals()[request["function"]](master, **request["kwargs"])
-    assert with_torch_fl or "torch_fl" not in sys.modules, "the clean process imported torch_fl"
-    torch.save(result, result_path)
-    let_autograd_threads_finish()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 
-from opinfo import harness
+from harness import opinfo as opinfo_harness
 
 # "": the function; "grad": forward and backward. A case is an OpInfo key with its variant: "abs@inplace".
 VARIANTS = ("", "inplace", "out", "grad")
@@ -36,14 +36,14 @@ def has_variant(opinfo, variant: str) -> bool:
 def move_for_variant(sample, variant: str, device: str):
     """`sample` on `device`; for "grad" its tensors that require grad do on `device` too (leaves)."""
     if variant != "grad":
-        return harness.move_sample(sample, device)
+        return opinfo_harness.move_sample(sample, device)
 
     def move(x):
         if not isinstance(x, torch.Tensor):
             return x
         return x.detach().to(device, copy=True).requires_grad_(x.requires_grad)
 
-    return harness.MovedSample(
+    return opinfo_harness.MovedSample(
         tree_map(move, sample.input),
         tuple(tree_map(move, tuple(sample.args))),
         tree_map(move, dict(sample.kwargs)),
@@ -66,8 +66,10 @@ def run_variant(opinfo, variant: str, sample):
         return opinfo(sample.input, *args, **kwargs, out=out)
     if variant != "grad":
         return result
-    outputs = [t for t in harness._tensors(result) if t.requires_grad]
-    inputs = [t for t in harness._tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+    outputs = [t for t in opinfo_harness._tensors(result) if t.requires_grad]
+    inputs = [
+        t for t in opinfo_harness._tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad
+    ]
     if not outputs or not inputs:
         return result
     generator = torch.Generator().manual_seed(0)

@@ -18,10 +18,12 @@ Each (op, dtype) gets one status:
 
 Usage (from the repository root)::
 
-    python -m tests.opinfo.harness --dtypes float32,float64,bfloat16,int64,bool --out results.json
-    python tests/opinfo/harness.py --ops add,mm --dtypes float32 -v
+    python -m harness.opinfo --dtypes float32,float64,bfloat16,int64,bool --out results.json
+    python -m harness.opinfo --ops add,mm --dtypes float32 -v
 
-``--write-passing FILE`` writes the passing ``op dtype`` pairs, the list that ``tests/test_opinfo.py`` checks.
+``--write-passing FILE`` writes the passing ``op dtype`` pairs, the list that ``tests/test_opinfo.py`` checks
+(``tests/opinfo/passing_ops_sim.txt``). torch_fl, the device under test, is imported where a tensor first
+moves to it (``to_device``), not with this module.
 """
 
 from __future__ import annotations
@@ -41,8 +43,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
-
-import torch_fl  # noqa: F401  (registers the flagos device)
 
 DEFAULT_MAX_SAMPLES = 3
 # --exact: bitwise comparison (rtol = atol = 0), for a device under test that runs the reference's own
@@ -123,6 +123,7 @@ def to_device(tree, device: str):
     is moved with its whole storage and comes back as the same view of it (sizes, strides and storage
     offset kept), so that ops that address the storage (as_strided over a partial view) see what they see
     on the reference device."""
+    import torch_fl  # noqa: F401  (registers the flagos device)
 
     def move(x):
         if isinstance(x, torch.Tensor):
@@ -460,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # JSON-lines output of a worker process
     parser.add_argument("--pair-start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    import torch_fl  # noqa: F401  (registers the flagos device before the OpInfo database is loaded)
+
     COMPARE["exact"] = args.exact
     if args.merge:
         return merge(args)
@@ -554,16 +557,26 @@ def supervise(pairs, argv: list[str], args) -> list[OpDtypeResult]:
     import subprocess
     import tempfile
 
+    from harness.processes import python_env
+
     results: list[OpDtypeResult] = []
     fd, path = tempfile.mkstemp(prefix="opinfo_worker_", suffix=".jsonl")
     os.close(fd)
-    script = os.path.abspath(__file__)
     try:
         start = 0
         while start < len(pairs):
             open(path, "w").close()
-            cmd = [sys.executable, script, *argv, "--worker", path, "--pair-start", str(start)]
-            rc = subprocess.call(cmd)
+            cmd = [
+                sys.executable,
+                "-m",
+                "harness.opinfo",
+                *argv,
+                "--worker",
+                path,
+                "--pair-start",
+                str(start),
+            ]
+            rc = subprocess.call(cmd, env=python_env())
             with open(path) as f:
                 done = [OpDtypeResult(**json.loads(line)) for line in f if line.strip()]
             results.extend(done)
@@ -587,7 +600,7 @@ def write_passing(path: str, results: list[OpDtypeResult], args) -> None:
         f.write(
             "# (op, dtype) pairs of PyTorch's OpInfo op_db that pass on flagos (simulated accelerator).\n"
             "# Checked by tests/test_opinfo.py; regenerate with\n"
-            f"#   python -m tests.opinfo.harness --dtypes {args.dtypes} --max-samples {args.max_samples} "
+            f"#   python -m harness.opinfo --dtypes {args.dtypes} --max-samples {args.max_samples} "
             f"--write-passing {path}\n"
         )
         for line in lines:

@@ -1,9 +1,10 @@
 """Greedy decoding with a static KV cache, its decode step captured once in a graph and replayed per token.
 
-Used by ``python -m torch_fl.demo --graphs`` and ``benchmarks/qwen3.py --graphs``. The step (forward of one
-token at a position held in a device tensor, argmax, the token written to the output buffer, the position
-advanced) touches only memory allocated before capture or by the capture itself, so one ``replay()`` is
-all the host does per token. ``graphs=False`` runs the same step eagerly: the parity reference.
+Used by ``python -m examples.qwen3_demo --graphs`` and ``python -m benchmarks.qwen3 --graphs``. The step
+(forward of one token at a position held in a device tensor, argmax, the token written to the output
+buffer, the position advanced) touches only memory allocated before capture or by the capture itself, so
+one ``replay()`` is all the host does per token. ``graphs=False`` runs the same step eagerly: the parity
+reference.
 
 The graph API is the device's own (``torch.flagos`` or ``torch.cuda``), so the same decoder measures
 flagos against cuda.

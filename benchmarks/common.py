@@ -1,0 +1,133 @@
+"""What the benchmarks share: device synchronisation and the timing of Qwen3's steps and first calls.
+
+The timing functions run where the benchmark needs them: in its own process, or in a clean one
+(``harness.processes.run_in_clean_process("benchmarks.common:time_train_steps", ...)``). Importing this
+module does not import torch_fl, so that a reference process never does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness.processes import Turns
+from harness.qwen3 import compiled_train_step, copy_to, greedy_generate, train_step
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Waits for the work queued on ``device``, or on the current device of its type where it names no index
+    (``torch.flagos``, ``torch.cuda``, ``torch.cpu``: each device module's ``synchronize``)."""
+    device = torch.device(device)
+    getattr(torch, device.type).synchronize(None if device.index is None else device)
+
+
+def time_train_steps(
+    master,
+    device: str,
+    ids: torch.Tensor,
+    repeats: int,
+    compile: bool = False,
+    warmup: int = 1,
+    turns: dict | None = None,
+) -> list[float]:
+    """Seconds of each training step (forward, backward, foreach AdamW) of a copy of ``master`` on
+    ``device`` (the whole step compiled with ``compile``, see compiled_train_step): ``warmup`` steps first
+    (the compilation in the first), then ``repeats`` more; the warm-up steps' times included, first. With
+    ``turns`` (Turns' arguments), the timed steps take turns with another process's (at least ``repeats``).
+    """
+    model = copy_to(master, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    ids = ids.to(device)
+    step = compiled_train_step(model, optimizer) if compile else (lambda b: train_step(model, optimizer, b))
+
+    def timed_step() -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        step(ids)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    times = [timed_step() for _ in range(warmup)]
+    if turns is not None:
+        return times + Turns(**turns).take(timed_step, repeats)
+    return times + [timed_step() for _ in range(repeats)]
+
+
+def time_first_calls(
+    master,
+    device: str,
+    parts: list[str],
+    prompt: torch.Tensor,
+    decode_prompt: torch.Tensor,
+    new_tokens: int,
+    decode_mode,
+) -> dict[str, float]:
+    """Seconds of the first compiled call of each of ``parts``, in this order, on ``device``, compilation
+    included: ``prefill`` (``torch.compile(model)``) and ``decode`` (static-cache ``generate`` with its
+    decoding step compiled in ``decode_mode``); a compiled training step's first call is time_train_steps'
+    first time. For a process of its own with empty compiler caches (benchmarks/qwen3.py): a tiny compile
+    first takes the process's one-time costs."""
+    from transformers import CompileConfig
+
+    torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device=device))
+    synchronize(device)
+    model = copy_to(master, device)
+    compiled = torch.compile(model)
+    config = CompileConfig(mode=decode_mode)
+    config._compile_all_devices = True
+    calls = {
+        "prefill": lambda: compiled(prompt.to(device), logits_to_keep=1),
+        "decode": lambda: greedy_generate(
+            model, decode_prompt.to(device), new_tokens, cache_implementation="static", compile_config=config
+        ),
+    }
+    times = {}
+    for part in parts:
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            calls[part]()
+        synchronize(device)
+        times[part] = time.perf_counter() - start
+    return times
+
+
+def hf_static_decode_seconds(
+    model, device: str, prompt: int, tokens: tuple[int, int], repeats: int, compile_all_devices: bool = False
+) -> list[float]:
+    """Seconds per decoded token of Hugging Face's ``generate(cache_implementation="static")`` (which
+    compiles the forward and replays CUDA graphs on cuda): the difference between generating
+    ``tokens[1]`` and ``tokens[0]`` new tokens, so prefill and set-up cancel. Run it in a clean process.
+    ``compile_all_devices``: generate's default compile config, told to compile on any device (transformers
+    compiles on cuda-like devices only), as docs/compile.md shows for flagos."""
+    generation = {}
+    if compile_all_devices:
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = True
+        generation["compile_config"] = config
+    model = copy_to(model, device)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+
+    def run(n: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                cache_implementation="static",
+                **generation,
+            )
+        synchronize(device)
+        return time.perf_counter() - start
+
+    for n in tokens:  # compilation and warm-up for both lengths
+        run(n)
+    return [(run(tokens[1]) - run(tokens[0])) / (tokens[1] - tokens[0]) for _ in range(repeats)]

@@ -1,0 +1,1 @@
+"""A stand-in for FlagGems and triton, for the CPU tests of the flaggems backend (README.md)."""
