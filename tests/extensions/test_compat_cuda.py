@@ -18,7 +18,7 @@ import torch
 import torch_fl
 import torch_fl.compat
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "compat", "cuda_training_script.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "cuda_training_script.py")
 needs_no_cuda = pytest.mark.skipif(
     torch.cuda.is_available(), reason="the layer refuses where real CUDA exists"
 )

@@ -229,7 +229,7 @@ def test_example_custom_op_builds_and_runs(build_root, run_python):
     (the second build of this file, cached beside the first)."""
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     result = run_python(
         "",
         args=[str(root / "examples/custom_op/run.py"), "--build-dir", str(build_root / "custom_op")],

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-FAKE = str(pathlib.Path(__file__).parent / "fake_flaggems")
+FAKE = str(pathlib.Path(__file__).parents[1] / "fake_flaggems")
 SIM = {"FLAGOS_ACCELERATOR": "sim"}
 
 

@@ -18,16 +18,16 @@ import json
 import pathlib
 
 import pytest
-import test_flaggems_gpu
+import test_flaggems_kernels
 import torch
-from test_flaggems_gpu import HIDDEN, qwen3_layer, qwen3_params, rope, shipped_flaggems_ops
+from test_flaggems_kernels import HIDDEN, qwen3_layer, qwen3_params, rope, shipped_flaggems_ops
 
 from tools.flaggems_capture_audit import RouteCallCounter, bitwise_equal
 from torch_fl import _flaggems, routing
 
 pytestmark = pytest.mark.gpu
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SEQ = 8  # a short prefill; the layer's ops are those of a decode step too
 # Ops of a Qwen3 layer that certainly run on FlagGems with the shipped config (mm and mul stay native there);
 # one of each group must have run, eagerly and while capturing.
@@ -63,7 +63,7 @@ def layer_graph_against_eager(ops: list[str]) -> dict:
     NaN before each replay). Copies and comparisons run outside the routes (copy_ and _to_copy are routed).
     Returns {"eager": [..], "replayed": [..], "calls": {op: (eager calls, calls while capturing)}}."""
     dtype = torch.bfloat16
-    native = test_flaggems_gpu.NATIVE  # "cuda" (a variable there so that the logic can be dry-run on CPU)
+    native = test_flaggems_kernels.NATIVE  # "cuda" (a variable there so that the logic can be dry-run on CPU)
     generator = torch.Generator(device=native).manual_seed(1)
     inputs = [
         torch.randn(1, SEQ, HIDDEN, device=native, generator=generator).to(dtype).to("flagos")

@@ -20,7 +20,7 @@ pytest.importorskip("expecttest", reason="torch.testing._internal needs the expe
 
 from opinfo import harness  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 
-LIST_PATH = pathlib.Path(__file__).parent / "opinfo" / "passing_ops_sim.txt"
+LIST_PATH = pathlib.Path(__file__).parent / "passing_ops_sim.txt"
 
 
 def load_passing(path: pathlib.Path = LIST_PATH) -> dict[str, list[str]]:

@@ -25,7 +25,7 @@ def run_stand_in_sweep(run_python, out_dir, *arguments):
         + list(arguments),
         # Not on PYTHONPATH: --stand-in imports the stand-in flag_gems itself and hides its triton from torch.
         env={**SIM, "FAKE_FLAGGEMS_WRONG": "softmax", "FAKE_FLAGGEMS_CRASH": "max_dim"},
-        cwd=str(pathlib.Path(__file__).parent.parent),
+        cwd=str(pathlib.Path(__file__).parents[2]),
         timeout=420,
     )
 
@@ -143,7 +143,7 @@ def test_model_sweep_takes_failing_ops_out_of_a_config(run_python, tmp_path):
     # function), mm ending the process, _softmax not called by the model (its route stays), the config's
     # comments and includes kept.
     pytest.importorskip("transformers", minversion="5.0")
-    repo = pathlib.Path(__file__).parent.parent
+    repo = pathlib.Path(__file__).parents[2]
     (tmp_path / "cuda.conf").write_text("")
     candidate = tmp_path / "candidate.conf"
     candidate.write_text(
