@@ -92,6 +92,15 @@ def two_devices_only():
         pytest.skip("needs at least two flagos devices")
 
 
+@pytest.fixture(scope="session")
+def flagos_distributed():
+    """Skips the test where torch.distributed or torch_fl's c10d backend is not in this build."""
+    import torch_fl.distributed
+
+    if not torch_fl.distributed.is_available():
+        pytest.skip("torch.distributed or the flagos backend is not available in this build")
+
+
 @pytest.fixture
 def flaggems_unavailable():
     """For tests of a flaggems backend that cannot be used. Where FlagGems is installed and usable (the GPU

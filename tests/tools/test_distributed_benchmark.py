@@ -30,7 +30,7 @@ def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subpr
     return subprocess.CompletedProcess(command, returncode, output, None)
 
 
-def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skips without the backend
+def test_training_matches_the_cpu_reference(flagos_distributed, tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--seq-len", "32", "--repeats", "1"]
@@ -73,7 +73,7 @@ def test_training_matches_the_cpu_reference(launch, tmp_path):  # `launch`: skip
         assert len(diffs) == 4 and diffs == sorted(diffs, reverse=True), lines
 
 
-def test_collectives_bandwidth_against_gloo(launch, tmp_path):
+def test_collectives_bandwidth_against_gloo(flagos_distributed, tmp_path):
     out = tmp_path / "collectives.json"
     args = ["--parts", "collectives", "--min-mib", "0.0625", "--max-mib", "0.25", "--repeats", "1"]
     proc = run_benchmark([*args, "--json", str(out)], accelerator="sim", timeout=200)
@@ -90,7 +90,7 @@ def test_collectives_bandwidth_against_gloo(launch, tmp_path):
 OVERHEAD = os.path.join(ROOT, "benchmarks", "collective_overhead.py")
 
 
-def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips without the backend
+def test_collective_overhead_per_call_against_gloo(flagos_distributed):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
     env.update(FLAGOS_ACCELERATOR="sim", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     args = ["--n", "20", "--repeats", "2", "--sizes-kib", "1,4"]
@@ -112,7 +112,7 @@ def test_collective_overhead_per_call_against_gloo(launch):  # `launch`: skips w
         assert float(diff) == pytest.approx(float(flagos) - float(native), abs=0.02)
 
 
-def test_collective_overhead_against_a_fake_inner_backend(launch):
+def test_collective_overhead_against_a_fake_inner_backend(flagos_distributed):
     """--inner fake: the backends called directly, torch's FakeProcessGroup against the flagos backend
     wrapped around one (what the wrapper itself costs a call); no process group, no communication."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
@@ -156,7 +156,7 @@ def test_collective_overhead_bad_arguments_are_named(args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
-def test_side_by_side_launches_take_turns(launch, tmp_path):
+def test_side_by_side_launches_take_turns(flagos_distributed, tmp_path):
     """--side-by-side: flagos and the CPU reference launched at once; after the warm-up step their steps
     take turns (the benchmark fails if two overlapped), and each block of 5 is paired with the other's.
     With --bind-cpus split, rank 0 of both runs on the first half of the CPUs."""
@@ -268,7 +268,7 @@ def _running(fragment: str) -> list[str]:
     return found
 
 
-def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(launch):
+def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(flagos_distributed):
     example = os.path.join(ROOT, "examples", "train_qwen3_distributed.py")
     assert not _running(example)
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--repeats", "1", "--timeout", "3"]
@@ -303,7 +303,7 @@ def _gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
-def test_qwen3_06b_training_matches_cuda_on_nccl(launch, tmp_path):
+def test_qwen3_06b_training_matches_cuda_on_nccl(flagos_distributed, tmp_path):
     """Qwen3-0.6B, bf16 mixed precision, DDP and FSDP2 on every visible GPU: flagos's losses equal cuda's
     (NCCL, processes without torch_fl) within bf16's loss tolerance. The 20-step run with timings is
     benchmarks/distributed.py itself (scripts/gpu/all.sh multi-gpu)."""
