@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-import torch_fl  # noqa: F401  (registers the flagos device before any test module is collected)
+import torch_fl  # registers the flagos device before any test module is collected
 
 SUBPROCESS_TIMEOUT_S = 90
 
@@ -90,6 +90,15 @@ def two_devices_only():
     """Skips the test where fewer than two flagos devices exist (the simulated accelerator has two)."""
     if torch.flagos.device_count() < 2:
         pytest.skip("needs at least two flagos devices")
+
+
+@pytest.fixture(scope="session")
+def backed_by_cuda():
+    """Skips the test unless flagos is backed by torch's CUDA (FLAGOS_ACCELERATOR=auto or cuda with a CUDA
+    build of torch on an NVIDIA machine). Tests that need it are GPU tests: they carry the ``gpu`` marker,
+    usually as ``pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("backed_by_cuda")]``."""
+    if torch_fl._C._backing_type() != "cuda":
+        pytest.skip("flagos is not backed by torch's CUDA here (simulated accelerator or no CUDA build)")
 
 
 @pytest.fixture(scope="session")

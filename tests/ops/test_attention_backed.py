@@ -15,13 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import torch_fl
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        torch_fl._C._backing_type() != "cuda",
-        reason="flagos is not backed by torch's CUDA here (simulated accelerator or no CUDA build)",
-    ),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("backed_by_cuda")]
 
 FUSED_OP = {  # the op torch's composite runs for a choice, on cuda
     SDPBackend.FLASH_ATTENTION.value: "aten::_scaled_dot_product_flash_attention",

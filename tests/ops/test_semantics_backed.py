@@ -24,10 +24,7 @@ import torch_fl
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        torch_fl._C._backing_type() != "cuda",
-        reason="flagos is not backed by torch's CUDA here (simulated accelerator or no CUDA build)",
-    ),
+    pytest.mark.usefixtures("backed_by_cuda"),
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
 

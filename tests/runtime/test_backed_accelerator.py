@@ -10,13 +10,7 @@ import torch
 
 import torch_fl
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        torch_fl._C._backing_type() != "cuda",
-        reason="flagos is not backed by torch's CUDA here (simulated accelerator or no CUDA build)",
-    ),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("backed_by_cuda")]
 
 # Cycles for torch.cuda._sleep: long enough (~0.3 s on an H200) that work queued behind it is still pending
 # when the host looks, so a missing wait or a launch on the wrong stream shows up as a wrong value.
