@@ -320,9 +320,8 @@ uint64_t flagos_stream_handle() {
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("backed_by_cuda")
 def test_cuda_kernel_registered_for_cuda_runs_on_flagos_tensors(build_root):
-    if torch_fl._C._backing_type() != "cuda":
-        pytest.skip("needs flagos backed by CUDA")
     build = build_root / "flagos_cuda_ext"
     build.mkdir(exist_ok=True)
     ext = cpp_extension.load_inline(

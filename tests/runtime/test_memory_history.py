@@ -162,9 +162,8 @@ def test_memory_summary_reports_the_allocator_statistics():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("backed_by_cuda")
 def test_backed_history_is_the_cuda_allocators():
-    if torch_fl._C._backing_type() != "cuda":
-        pytest.skip("needs flagos backed by CUDA")
     torch.flagos.memory._record_memory_history("all", stacks="python")
     try:
         t = allocate_the_weights_here()

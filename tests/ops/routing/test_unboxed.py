@@ -162,9 +162,8 @@ def test_kernel_errors_name_the_op():
     assert torch.equal(torch.index_select(a, 0, torch.tensor([2], device="flagos")).cpu(), a.cpu()[2:3])
 
 
+@pytest.mark.gpu  # cuda is the second device type
 def test_other_device_tensors_are_the_same_device_error():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a second device type")
     with pytest.raises(RuntimeError, match="same device"):
         torch.add(torch.ones(4, device="flagos"), torch.ones(4, device="cuda"))
 
