@@ -1,4 +1,4 @@
-"""The functions tests/test_compile.py compiles, and how it compares compiled with eager results.
+"""The functions tests/compile/test_compile.py compiles, and how it compares compiled with eager results.
 
 47 functions in groups (elementwise, reductions, views, indexing, matmul, softmax and losses, norms,
 attention, in-place): each group is compiled as one function calling all of its members, and every

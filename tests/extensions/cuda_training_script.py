@@ -2,7 +2,7 @@
 defaults to "cuda", .cuda() on the model, pinned host batches copied with non_blocking, a side stream,
 timing events, seeding and memory statistics through torch.cuda.
 
-tests/test_compat_cuda.py runs this file unchanged: on the simulated accelerator after
+tests/extensions/test_compat_cuda.py runs this file unchanged: on the simulated accelerator after
 ``import torch_fl.compat.cuda`` (where "cuda" is flagos), and with ``--device cpu`` as the reference. It prints
 one line, ``RESULT <json>``.
 """

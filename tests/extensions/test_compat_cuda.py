@@ -1,7 +1,8 @@
 """torch_fl.compat's opt-in CUDA compatibility on a machine without CUDA (the simulated accelerator).
 
-- tests/compat/cuda_training_script.py, written for CUDA, runs unchanged after ``import torch_fl.compat.cuda``
-  and gives the same losses and parameters as the same script run with ``--device cpu``;
+- cuda_training_script.py (beside this file), written for CUDA, runs unchanged after
+  ``import torch_fl.compat.cuda`` and gives the same losses and parameters as the same script run with
+  ``--device cpu``;
 - device strings/objects, .cuda(), torch.cuda.* resolve to flagos while the layer is on;
 - platform checks keep answering for CUDA (is_available False, version.cuda None);
 - disable_cuda() restores every attribute of torch it changed (identity) and torch's behaviour.

@@ -3,7 +3,7 @@ route? For telling FlagGems' own defects from the route's: the sweep (tools/flag
 `aten::mm.out` kill its worker with an illegal memory access; this runs the same kind of call with no
 flagos tensor anywhere. One case per process, since a fault poisons the CUDA context:
 
-    python tests/flaggems_mm_probe.py --overload mm --shape 5,0,10 --dtype float32
+    python tests/flaggems/flaggems_mm_probe.py --overload mm --shape 5,0,10 --dtype float32
 
 The function is the one torch_fl's flaggems route calls for the overload (torch_fl._flaggems.implementation);
 the tensors are plain CUDA tensors. Prints `RESULT {"result": "ok" | "mismatch", ...}` and exits 0, or dies

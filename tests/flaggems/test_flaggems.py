@@ -6,7 +6,7 @@ The route itself (FlagGems' table read through the registrar protocol, its funct
 tensors, ``out`` adapters, separation from the python backend) is tested here with a stand-in for FlagGems
 (tests/fake_flaggems) whose functions are CPU torch ops, so they run on the simulated accelerator's
 aliases. Availability is decided once per process, so every test runs in a subprocess. The real FlagGems
-on a GPU: tests/test_flaggems_gpu.py.
+on a GPU: tests/flaggems/test_flaggems_kernels.py.
 """
 
 from __future__ import annotations
@@ -407,7 +407,7 @@ def test_rule_routed_ops_are_recorded_by_a_simulated_capture(run_python, tmp_pat
     them again: ops a rule sends to FlagGems run FlagGems' functions at each replay (fresh random numbers,
     the fill applied to the replay's data), not once at capture. (Backed by CUDA the capture is CUDA's
     stream capture, and the ops whose FlagGems implementations cannot be captured, rand and masked_fill_
-    among them, run natively inside it: tests/test_graphs_flaggems_gpu.py.)"""
+    among them, run natively inside it: tests/flaggems/test_flaggems_graph_capture.py.)"""
     result = run_python(
         INSTALL_FAKE
         + """

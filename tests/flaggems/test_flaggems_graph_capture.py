@@ -8,7 +8,7 @@ called while capturing, so their kernels are what the graph holds). Then the per
 after warm-up, its replay equal to eager. Skipped without a GPU (``gpu`` marker) or without a usable
 FlagGems.
 
-    python -m pytest tests/test_graphs_flaggems_gpu.py -q
+    python -m pytest tests/flaggems/test_flaggems_graph_capture.py -q
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ sweep (tools/flaggems_sweep.py). The stream test checks that FlagGems launches o
 stream. Skipped without a GPU (``gpu`` marker); where flag_gems is installed but unusable,
 ``test_flaggems_is_available`` fails with the reason and the others skip.
 
-    python -m pytest tests/test_flaggems_gpu.py -q        # scripts/gpu/flaggems.sh runs it
+    python -m pytest tests/flaggems/test_flaggems_kernels.py -q        # scripts/gpu/flaggems.sh runs it
 """
 
 from __future__ import annotations

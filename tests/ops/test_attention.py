@@ -3,7 +3,7 @@ flash attention on the simulated accelerator), forward and backward, on the rout
 math decomposition only where the native device would run it too.
 
 The reference is the native device (CPU on the simulated accelerator; cuda-specific checks are in
-tests/test_cuda_backed.py)."""
+tests/runtime/test_backed_accelerator.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""torch.autocast("flagos"): registration, supported dtypes and the standard cast policies."""
+"""torch.autocast("flagos") as registered: torch.flagos's supported dtypes, the policies' kernels on the
+AutocastPrivateUse1 key, and the dtypes those policies hand to the device's kernels. The results of
+autocast regions (custom_fwd, GradScaler) are tests/conformance/test_autocast.py."""
 
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ import torch_fl
 DEVICE = "flagos"
 
 # The CPU is the reference here because it is flagos's native device on the simulated accelerator; backed by
-# CUDA, flagos runs CUDA's kernels, and tests/test_semantics_cuda.py compares the same cases with cuda.
+# CUDA, flagos runs CUDA's kernels, and tests/ops/test_semantics_backed.py compares the same cases with cuda.
 cpu_is_native = pytest.mark.skipif(
     torch_fl._C._backing_type() is not None,
-    reason="compares with the CPU, flagos's native device on sim; tests/test_semantics_cuda.py compares with cuda",
+    reason="compares with the CPU, flagos's native device on sim; test_semantics_backed.py compares with cuda",
 )
 
 DTYPES = [
@@ -135,7 +135,7 @@ def test_unsupported_dtype_raises_as_on_cpu(deterministic):
 
 
 # Ops and whether the native device (CPU here) has a deterministic implementation of them; the CUDA
-# counterpart of this table is tests/test_semantics_cuda.py.
+# counterpart of this table is tests/ops/test_semantics_backed.py.
 def alert_cases(d):
     idx = torch.tensor([0, 0], device=d)
     return {

@@ -1,7 +1,7 @@
 """Composites whose implementation the native device chooses (ops/kernels/native_choices.h) and implicit
 composites with a native kernel of their own (routed directly at set-up): on flagos they compute what the
 native device computes. Here the native device is the CPU, so results, running statistics and gradients
-must equal CPU's bitwise; tests/test_semantics_cuda.py checks the cuDNN choices against cuda."""
+must equal CPU's bitwise; tests/ops/test_semantics_backed.py checks the cuDNN choices against cuda."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch_fl
 DEVICE = "flagos"
 
 # The CPU is the reference here because it is flagos's native device on the simulated accelerator; backed by
-# CUDA, flagos runs CUDA's kernels, and tests/test_semantics_cuda.py compares the same cases with cuda.
+# CUDA, flagos runs CUDA's kernels, and tests/ops/test_semantics_backed.py compares the same cases with cuda.
 cpu_is_native = pytest.mark.skipif(
     torch_fl._C._backing_type() is not None,
-    reason="compares with the CPU, flagos's native device on sim; tests/test_semantics_cuda.py compares with cuda",
+    reason="compares with the CPU, flagos's native device on sim; test_semantics_backed.py compares with cuda",
 )
 
 

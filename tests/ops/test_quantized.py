@@ -15,12 +15,12 @@ import torch_fl
 DEVICE = "flagos"
 
 # The CPU is the reference here because it is flagos's native device on the simulated accelerator; backed by
-# CUDA (few quantized kernels), tests/test_semantics_cuda.py compares the same cases with cuda.
+# CUDA (few quantized kernels), tests/ops/test_semantics_backed.py compares the same cases with cuda.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor, torch.quantize_per_channel"),
     pytest.mark.skipif(
         torch_fl._C._backing_type() is not None,
-        reason="compares with the CPU, flagos's native device on sim; tests/test_semantics_cuda.py compares with cuda",
+        reason="compares with the CPU, flagos's native device on sim; test_semantics_backed.py compares with cuda",
     ),
 ]
 

@@ -1,9 +1,9 @@
 """PyTorch semantics on flagos backed by CUDA, against cuda (bitwise): deterministic mode (the fills and the
 ops that raise), memory-overlap checks, sparse and quantized tensors, and the composites whose
 implementation CUDA chooses by device type (cuDNN batch norm and grid sampler, fused rms_norm). The cases
-are the simulated accelerator's tests (tests/test_deterministic.py, test_overlap.py, test_sparse.py,
+are the simulated accelerator's tests (tests/ops/test_deterministic.py, test_overlap.py, test_sparse.py,
 test_quantized.py, test_native_choices.py) with cuda as the reference. What needs cuda's autograd runs on
-cuda in a fresh process (tests/semantics_cuda_cases.py).
+cuda in a fresh process (tests/ops/semantics_cuda_cases.py).
 
 GPU-only: these run on the NVIDIA machine with FLAGOS_ACCELERATOR=auto (or cuda)."""
 

@@ -1,4 +1,6 @@
-"""The caching device allocator: statistics, peaks, caching, empty_cache, stream-aware reuse, OOM and leaks."""
+"""The caching device allocator through torch.flagos: statistics in torch.cuda's format, peaks, caching,
+empty_cache, stream-aware reuse, OOM and leaks. The generic contract (torch.accelerator.memory_*, pinned
+memory) is tests/conformance/test_memory.py."""
 
 from __future__ import annotations
 

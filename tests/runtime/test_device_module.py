@@ -1,4 +1,6 @@
-"""The flagos device: registration, availability, device selection and properties."""
+"""The flagos device through its device module, torch.flagos: registration, availability, device selection,
+properties, and the simulated accelerator's configuration from the environment. The generic contract
+(torch.device, torch.accelerator) is tests/conformance/test_device.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Events: record, query, synchronize, wait (cross-stream and cross-device) and timing."""
+"""Events through the device module, torch.flagos.Event: record, query, synchronize, wait (cross-stream and
+cross-device) and timing. The generic contract (torch.Event) is tests/conformance/test_events.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Random number generators: per-device default generators, torch.Generator("flagos"), seeding and state."""
+"""Random number generators through the device module, torch.flagos: per-device default generators, seeding
+and state of one device or all. The generic contract (torch.Generator(device), every random op, fork_rng)
+is tests/conformance/test_rng.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Streams: current/default streams, the stream pool with priorities, stream context managers, ordering
-between streams (wait_stream) and record_stream."""
+"""Streams through the device module, torch.flagos: current/default streams, the stream pool with priorities,
+stream context managers, ordering between streams (wait_stream) and record_stream. The generic contract
+(torch.Stream, torch.accelerator's streams) is tests/conformance/test_streams.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """tools/flaggems_capture_audit.py without a GPU: a worker in which a capture failed after capture_begin
 takes no further op (on torch 2.11 such a capture leaves the CUDA generator in capture mode, and every later
 random op in the process raises), on the simulated accelerator. The audit on a GPU is in
-tests/test_graphs_flaggems_gpu.py."""
+tests/flaggems/test_flaggems_graph_capture.py."""
 
 from __future__ import annotations
 

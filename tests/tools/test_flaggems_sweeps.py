@@ -1,7 +1,7 @@
 """FlagGems' sweeps on the simulated accelerator, with the stand-in FlagGems (tests/fake_flaggems): the
 OpInfo sweep (tools/flaggems_sweep.py) end to end, the model-shape sweep (tools/flaggems_model_sweep.py)
 taking failing ops out of a config, and the sweep's variants reaching their overloads. The backend itself:
-tests/test_flaggems.py.
+tests/flaggems/test_flaggems.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""What the router's test files share (tests/test_router.py, tests/test_router_config.py): the op names
-that reach the router, the native device's dispatch key, a config-file writer, and the fixture that leaves
-the router as it found it.
+"""What the router's test files share (test_router.py, test_router_config.py): the op names that reach the
+router, the native device's dispatch key, a config-file writer, and the fixture that leaves the router as
+it found it.
 
 Note on op names: on flagos, many functional ops (aten::mm, aten::add.Tensor) run a composite kernel
 that calls their ``out`` overload, so the overload that reaches the router is e.g. ``aten::mm.out``;

@@ -7,7 +7,7 @@ and flaggems routes is not a host kernel: its allocations stay host memory). The
 copy happens (the flagos result's memory is the memory the kernel returned; no copy op runs), that
 ``torch.flagos.memory_allocated()`` counts adopted outputs and forgets them and the kernels' temporaries,
 and that CPU allocations elsewhere stay CPU memory. When flagos is backed by torch's CUDA,
-tests/test_cuda_backed.py covers the same for CUDA kernels.
+tests/runtime/test_backed_accelerator.py covers the same for CUDA kernels.
 """
 
 from __future__ import annotations

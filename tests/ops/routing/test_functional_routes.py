@@ -396,7 +396,8 @@ def test_counts_name_the_backend_after_fall_through(flaggems_unavailable):
     x = torch.randn(16, device="flagos")
     routing.set(EXP_ROUTED, "flaggems")  # unavailable here: falls through to native
     with warnings.catch_warnings():
-        # The fall-through warning is once per process (tests/test_flaggems.py checks it in a fresh one).
+        # The fall-through warning is once per process (tests/flaggems/test_flaggems.py checks it in a fresh
+        # one).
         warnings.simplefilter("ignore")
         _, counts = counts_of(lambda: x.exp())
     assert counts == only(native=1)

@@ -4,6 +4,7 @@ The same model (same initial weights), data and optimizer run for a few steps on
 losses of every step and the final weights must agree within float32 tolerance, and every gradient must
 be a flagos tensor. Also with routes in effect (the forward's addmm, or mm and the backward's ops, on the
 cpu route), which must not change the values, and with the route actually taken (routing.counts()).
+Autograd on the device itself (engine threads, gradcheck, hooks) is tests/conformance/test_autograd.py.
 """
 
 from __future__ import annotations

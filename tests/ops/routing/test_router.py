@@ -1,10 +1,10 @@
 """The router (torch_fl.routing): names and defaults, the API level, override contexts, explain/table,
 fall-through, Python implementations, the routes taken and the cost of route_for. Config files, the
-environment and the precedence of the four levels: tests/test_router_config.py.
+environment and the precedence of the four levels: tests/ops/routing/test_router_config.py.
 
 In-process tests change the API level and the config level and restore them; anything read once per
 process (the environment, FLAGOS_LOG_DISPATCH, one-time warnings) is tested in subprocesses. Op names:
-tests/routing_cases.py.
+tests/ops/routing/routing_cases.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from routing_cases import (  # tests/ is on sys.path
+from routing_cases import (  # beside this file: pytest puts its folder on sys.path
     ADD,
     ADDMM,
     BACKED,

@@ -1,7 +1,7 @@
 """The router's config files (format, includes, errors with file and line, the packaged configs) and the
 environment: FLAGOS_OP_* variables, FLAGOS_BACKEND_CONFIG, and the precedence of the four levels (API,
 override, environment, config). Variables read at import are tested in subprocesses. The rest of the
-router: tests/test_router.py.
+router: tests/ops/routing/test_router.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from routing_cases import (  # tests/ is on sys.path
+from routing_cases import (  # beside this file: pytest puts its folder on sys.path
     ADD,
     ADDMM,
     BMM,
