@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-import torch_fl  # registers the flagos device before any test module is collected
+import torch_fl  # noqa: F401  (registers the flagos device before any test module is collected)
 
 SUBPROCESS_TIMEOUT_S = 90
 
