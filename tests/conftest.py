@@ -95,6 +95,24 @@ def two_devices_only():
         pytest.skip("needs at least two flagos devices")
 
 
+@pytest.fixture(scope="session")
+def backed_by_cuda():
+    """Skips the test unless flagos is backed by torch's CUDA (FLAGOS_ACCELERATOR=auto or cuda with a CUDA
+    build of torch on an NVIDIA machine). Tests that need it are GPU tests: they carry the ``gpu`` marker,
+    usually as ``pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("backed_by_cuda")]``."""
+    if torch_fl._C._backing_type() != "cuda":
+        pytest.skip("flagos is not backed by torch's CUDA here (simulated accelerator or no CUDA build)")
+
+
+@pytest.fixture(scope="session")
+def flagos_distributed():
+    """Skips the test where torch.distributed or torch_fl's c10d backend is not in this build."""
+    import torch_fl.distributed
+
+    if not torch_fl.distributed.is_available():
+        pytest.skip("torch.distributed or the flagos backend is not available in this build")
+
+
 @pytest.fixture
 def flaggems_unavailable():
     """For tests of a flaggems backend that cannot be used. Where FlagGems is installed and usable (the GPU

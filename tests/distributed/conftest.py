@@ -143,15 +143,7 @@ def _launch(
 
 
 @pytest.fixture(scope="session")
-def launch():
+def launch(flagos_distributed):
     """``launch(module, function, world_size, args={...}, timeout=s, env={...})`` -> Launch: runs
     ``module.function(**args)`` (a file in this folder) on every rank."""
-    if not _flagos_backend_available():
-        pytest.skip("torch.distributed or the flagos backend is not available in this build")
     return _launch
-
-
-def _flagos_backend_available() -> bool:
-    import torch_fl.distributed
-
-    return torch_fl.distributed.is_available()

@@ -1,0 +1,414 @@
+"""The unboxed native-route kernels (csrc/ops/routes/native_unboxed.h): the hottest ops skip the boxed fallback.
+
+``torch_fl._C._routing_unboxed_calls()`` counts the calls the unboxed path served (reset with
+``routing.reset_counts()``), so these tests see which way a call went: the unboxed kernel when the op is
+routed to ``native``, the boxed route (same counters as the fallback) when a rule sends it elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_fl
+from torch_fl import _C, routing
+
+BACKED = torch_fl._C._backing_type() is not None
+# The overload of add that reaches flagos: its own when backed (routed directly), else the composite's out=.
+ADD = "aten::add.Tensor" if BACKED else "aten::add.out"
+
+
+@pytest.fixture(autouse=True)
+def _clean_routing():
+    routing.reset()
+    routing.reset_counts()
+    yield
+    routing.reset()
+    routing.load_config(None)
+
+
+def unboxed() -> int:
+    return _C._routing_unboxed_calls()
+
+
+def test_unboxed_ops_are_registered_for_what_reaches_flagos():
+    ops = _C._routing_unboxed_ops()
+    assert ops[ADD] == ("direct" if BACKED else "fallback")
+    assert (
+        ops["aten::native_layer_norm"] == "direct"
+    )  # one of the built-in direct routes (ops/routes/entry_kernels.cpp)
+    assert "aten::mm.out" in ops or "aten::mm" in ops
+    # Explain is unchanged: the op still reaches the router by itself.
+    assert routing.explain(ADD).startswith(f"{ADD} -> native (default")
+
+
+def test_add_takes_the_unboxed_path_and_is_counted_as_native():
+    a, b = torch.randn(16, device="flagos"), torch.randn(16, device="flagos")
+    before, native = unboxed(), routing.counts()["native"]
+    c = torch.add(a, b)
+    assert unboxed() == before + 1
+    assert routing.counts()["native"] == native + 1
+    assert c.device.type == "flagos"
+    torch.testing.assert_close(c.cpu(), a.cpu() + b.cpu())
+
+
+def test_in_place_and_out_return_the_callers_tensors():
+    a = torch.randn(16, device="flagos")
+    out = torch.empty(16, device="flagos")
+    ptr = out.data_ptr()
+    before = unboxed()
+    assert torch.add(a, a, out=out) is out
+    assert out.add_(a) is out
+    assert torch.mul(a, 2.0, out=out) is out
+    assert unboxed() == before + 3
+    assert out.data_ptr() == ptr
+    torch.testing.assert_close(out.cpu(), a.cpu() * 2)
+
+
+def test_out_that_must_grow_is_resized():
+    a = torch.randn(2, 8, device="flagos")
+    out = torch.empty(0, device="flagos")
+    assert torch.mm(a, a.t(), out=out) is out
+    assert out.shape == (2, 2)
+    torch.testing.assert_close(out.cpu(), a.cpu() @ a.cpu().t())
+
+
+def test_results_match_the_native_device():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, generator=g)
+    w, b = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    idx = torch.tensor([0, 2, 3])
+    mask = x > 0
+    cases = {
+        "layer_norm": lambda t, w, b, i, m: F.layer_norm(t, (16,), w, b),
+        "softmax": lambda t, w, b, i, m: torch.softmax(t, -1),
+        "log_softmax": lambda t, w, b, i, m: torch.log_softmax(t, -1),
+        "cat": lambda t, w, b, i, m: torch.cat([t, t * 2], 0),
+        "where": lambda t, w, b, i, m: torch.where(m, t, w),
+        "masked_fill": lambda t, w, b, i, m: t.masked_fill(m, 0.5),
+        "index_select": lambda t, w, b, i, m: torch.index_select(t, 0, i),
+        "gelu_silu_relu": lambda t, w, b, i, m: F.gelu(t) + F.silu(t) + torch.relu(t),
+        "addmm_bmm": lambda t, w, b, i, m: (
+            torch.addmm(w, t.t(), t) + torch.bmm(t[None], t.t()[None])[0].sum()
+        ),
+        "sum_mean": lambda t, w, b, i, m: t.sum(0) + t.mean(-1, keepdim=True),
+        "pow_rsqrt_neg": lambda t, w, b, i, m: -(t.pow(2) + 1).rsqrt(),
+    }
+    for name, fn in cases.items():
+        expected = fn(x, w, b, idx, mask)
+        before = unboxed()
+        got = fn(*(t.to("flagos") for t in (x, w, b, idx, mask)))
+        assert unboxed() > before, name
+        torch.testing.assert_close(got.cpu(), expected, msg=name)
+
+
+def test_a_rule_sends_the_op_to_its_route_the_boxed_way():
+    a = torch.randn(16, device="flagos")
+    out = torch.empty(16, device="flagos")
+    before = unboxed()
+    routing.reset_counts()
+    with routing.override({ADD: "cpu"}):
+        r = torch.add(a, a, out=out) if ADD.endswith(".out") else torch.add(a, a)
+    assert unboxed() == before
+    assert routing.counts() == {"native": 0, "cpu": 1, "flaggems": 0, "python": 0}
+    if ADD.endswith(".out"):
+        assert r is out
+    torch.testing.assert_close(r.cpu(), a.cpu() * 2)
+    # And back: the next call takes the unboxed path again.
+    torch.add(a, a, out=out) if ADD.endswith(".out") else torch.add(a, a)
+    assert unboxed() == before + 1
+
+
+def test_python_route_gets_native_aliases_the_boxed_way():
+    seen = []
+    native = torch_fl._C._backing_type() or "cpu"
+
+    def impl(*args, **kwargs):
+        seen.append(args[0].device.type)
+        return torch.ops.aten.add.out(*args, **kwargs) if ADD.endswith(".out") else torch.add(*args, **kwargs)
+
+    routing.register_python_impl(ADD, impl)
+    try:
+        routing.set(ADD, "python")
+        a = torch.ones(4, device="flagos")
+        before = unboxed()
+        routing.reset_counts()
+        if ADD.endswith(".out"):
+            out = torch.empty(4, device="flagos")
+            assert torch.add(a, a, out=out) is out
+            r = out
+        else:
+            r = torch.add(a, a)
+        assert unboxed() == before
+        assert seen == [native]
+        assert routing.counts()["python"] == 1
+        torch.testing.assert_close(r.cpu(), torch.full((4,), 2.0))
+    finally:
+        routing.set(ADD, None)
+        routing.unregister_python_impl(ADD)
+
+
+def test_kernel_errors_name_the_op():
+    # An error the kernel raises on the host on every device (an index out of range is a CUDA device-side
+    # assert instead, which would also poison the CUDA context for the tests after it).
+    a = torch.randn(4, device="flagos")
+    with pytest.raises(
+        IndexError, match=r"(?s)Dimension out of range.*while running aten::index_select on flagos"
+    ):
+        torch.index_select(a, 3, torch.tensor([0], device="flagos"))
+    assert torch.equal(torch.index_select(a, 0, torch.tensor([2], device="flagos")).cpu(), a.cpu()[2:3])
+
+
+@pytest.mark.gpu  # cuda is the second device type
+def test_other_device_tensors_are_the_same_device_error():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.add(torch.ones(4, device="flagos"), torch.ones(4, device="cuda"))
+
+
+def test_dispatch_log_is_the_boxed_paths(run_python):
+    result = run_python(
+        f"""
+        import torch, torch_fl
+        a = torch.ones(4, device="flagos")
+        out = torch.empty(4, device="flagos")
+        print("-- go", flush=True)
+        torch.add(a, a, out=out) if {ADD.endswith(".out")} else torch.add(a, a)
+        torch.add(a, a, out=out) if {ADD.endswith(".out")} else torch.add(a, a)
+        """,
+        env={"FLAGOS_LOG_DISPATCH": "1"},
+    ).check()
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"[flagos dispatch] {ADD} ")]
+    assert len(lines) == 2, result.stderr
+    assert all(" -> native (default" in line for line in lines)
+
+
+def test_fresh_result_is_a_plain_flagos_tensor():
+    # A native kernel's fresh result becomes the flagos result in place (its TensorImpl and storage
+    # relabelled, csrc/ops/routes/native_call.cpp): it must be indistinguishable from a tensor made on flagos.
+    a = torch.randn(8, 4, device="flagos")
+    before = unboxed()
+    r = torch.index_select(a, 0, torch.tensor([1, 3], device="flagos"))
+    assert unboxed() == before + 1
+    made = torch.empty(2, 4, device="flagos")
+    assert torch._C._dispatch_keys(r) == torch._C._dispatch_keys(made)
+    assert r.device == made.device and r.untyped_storage().device == made.device
+    expected = a.cpu()[[1, 3]]
+    # Resizing allocates on flagos, through the flagos allocator, keeping the values.
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    r.resize_(1 << 18)
+    assert r.untyped_storage().device == made.device
+    assert torch.flagos.memory_allocated() >= allocated + (1 << 20) - 4096  # less the old block
+    torch.testing.assert_close(r[:8].cpu().view(2, 4), expected)
+    # And it takes part in autograd like any flagos tensor.
+    w = r[:8].clone().requires_grad_()
+    (w * w).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), 2 * expected.reshape(8))
+
+
+def test_recycled_aliases_hold_no_memory():
+    # The native aliases of a call's arguments are kept for reuse: they must not keep the arguments'
+    # memory alive once the call is over.
+    torch.flagos.synchronize()
+    x = torch.randn(1 << 20, device="flagos")
+    y = torch.neg(x)
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    del x
+    torch.flagos.synchronize()
+    assert torch.flagos.memory_allocated() <= allocated - (4 << 20)
+    del y
+
+
+def test_an_alias_a_kernel_keeps_keeps_its_memory():
+    # The native route's aliases view their arguments' memory without holding it (the caller does, for
+    # the call). A kernel that keeps an alias (here a Python kernel of a custom op stashing its input)
+    # must find it still viewing that memory after the flagos tensor is gone, and the memory must be freed
+    # once the kept alias goes.
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x + 1
+
+    lib = torch.library.Library("flagos_test_keep", "DEF")
+    try:
+        lib.define("keep(Tensor x) -> Tensor")
+        for key in ("CPU", "CUDA"):
+            lib.impl("keep", keep, key)
+        n = 1 << 18
+        x = torch.arange(n, dtype=torch.float32, device="flagos")
+        expected = x.cpu()
+        torch.flagos.synchronize()
+        before = torch.flagos.memory_allocated()
+        y = torch.ops.flagos_test_keep.keep(x)
+        torch.testing.assert_close(y.cpu(), expected + 1)
+        del x, y
+        # Memory the flagos tensor's release would have returned to the cache is taken again and written.
+        others = [torch.full((n,), 7.0, device="flagos") for _ in range(4)]
+        torch.flagos.synchronize()
+        (alias,) = kept
+        assert alias.device.type == (_C._backing_type() or "cpu")
+        torch.testing.assert_close(alias.cpu(), expected)
+        # Still counted as flagos memory while the alias lives; freed once it goes.
+        assert torch.flagos.memory_allocated() >= before - 4096 + 4 * 4 * n
+        del others
+        torch.flagos.synchronize()
+        held = torch.flagos.memory_allocated()
+        kept.clear()
+        del alias
+        torch.flagos.synchronize()
+        assert torch.flagos.memory_allocated() <= held - 4 * n
+    finally:
+        lib._destroy()
+
+
+def test_recycled_aliases_take_each_calls_geometry():
+    # One call after another with other dtypes, shapes, offsets, strides and view bits: each reuses the
+    # aliases of the one before, which must take on the new argument's every property.
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        torch.randn(16, generator=g),
+        torch.randn(3, 5, generator=g, dtype=torch.float64).t(),
+        torch.randn(40, generator=g)[7:31:3],
+        torch.arange(12, dtype=torch.int32).view(3, 4)[1:],
+        torch.randn(6, generator=g, dtype=torch.complex64).conj(),
+        torch.randn(2, 3, generator=g, dtype=torch.bfloat16),
+        torch.randn(6, generator=g, dtype=torch.complex64)._neg_view(),
+    ]
+    for _ in range(2):
+        for x in cases:
+            f = x.to("flagos")
+            torch.testing.assert_close(torch.neg(f).cpu(), torch.neg(x))
+            torch.testing.assert_close(torch.mul(f, f).cpu(), torch.mul(x, x))
+            torch.testing.assert_close(torch.sum(f).cpu(), torch.sum(x))
+
+
+def test_unboxed_ops_native_kernels_guard_their_device():
+    # When backed, the unboxed path sets no device guard of its own: it relies on each op's native kernel
+    # setting its device (no `device_guard: False` in native_functions.yaml).
+    yaml = pytest.importorskip("yaml")
+    import torchgen
+
+    path = os.path.join(os.path.dirname(torchgen.__file__), "packaged/ATen/native/native_functions.yaml")
+    if not os.path.isfile(path):
+        pytest.skip("torchgen's native_functions.yaml is not installed")
+    with open(path) as f:
+        functions = {entry["func"].split("(")[0]: entry for entry in yaml.safe_load(f)}
+    assert functions["copy_"].get("device_guard", True) is False  # what the check looks for
+    ops = _C._routing_unboxed_ops()
+    assert ops
+    for op in ops:
+        if op == "aten::copy_":
+            continue  # takes any mix of devices; CUDA's copy kernel sets the device of each copy itself
+        entry = functions[op.removeprefix("aten::")]
+        assert entry.get("device_guard", True), op
+
+
+def test_long_tensor_lists_alias_each_storage_once():
+    # A call with a long tensor list (here cat's, 40 views of three storages and 20 tensors of their own)
+    # finds what it aliased through maps rather than scans: views of one storage must still share one
+    # native storage, and an out= argument is still the caller's tensor.
+    g = torch.Generator().manual_seed(0)
+    bases = [torch.randn(8, 4, generator=g) for _ in range(3)]
+    singles = [torch.randn(1, 4, generator=g) for _ in range(20)]
+    pieces = [bases[i % 3][i % 8 : i % 8 + 1] for i in range(40)] + singles
+    fl_bases = [b.to("flagos") for b in bases]
+    fl_pieces = [fl_bases[i % 3][i % 8 : i % 8 + 1] for i in range(40)] + [s.to("flagos") for s in singles]
+    out = torch.empty(60, 4, device="flagos")
+    torch.flagos.synchronize()
+    allocated = torch.flagos.memory_allocated()
+    before = unboxed()
+    assert torch.cat(fl_pieces, out=out) is out
+    assert unboxed() == before + 1
+    torch.testing.assert_close(out.cpu(), torch.cat(pieces))
+    fresh = torch.cat(fl_pieces)
+    torch.testing.assert_close(fresh.cpu(), torch.cat(pieces))
+    del fresh
+    torch.flagos.synchronize()
+    assert torch.flagos.memory_allocated() == allocated
+
+
+# The tensor-list ops with unboxed kernels: optimizers' foreach steps and FSDP2's copies. Each case takes
+# lists a, b, c, a list p of positive tensors, a 0-dim tensor s and a flat tensor f (made beforehand, so that
+# the case makes exactly its op's calls) and returns the tensors to compare. In-place foreach ops return
+# their list.
+_LIST_CASES = {
+    "_foreach_add_.Scalar": lambda a, b, c, p, s, f: torch._foreach_add_(a, 0.5),
+    "_foreach_add_.List": lambda a, b, c, p, s, f: torch._foreach_add_(a, b, alpha=2.0),
+    "_foreach_add_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_add_(
+        a, [0.1 * i for i in range(len(a))]
+    ),
+    "_foreach_add_.Tensor": lambda a, b, c, p, s, f: torch._foreach_add_(a, s),
+    "_foreach_add.List": lambda a, b, c, p, s, f: torch._foreach_add(a, b),
+    "_foreach_add.Scalar": lambda a, b, c, p, s, f: torch._foreach_add(a, 2.0),
+    "_foreach_sub_.Scalar": lambda a, b, c, p, s, f: torch._foreach_sub_(a, 1.5),
+    "_foreach_mul_.Scalar": lambda a, b, c, p, s, f: torch._foreach_mul_(a, 0.9),
+    "_foreach_mul_.List": lambda a, b, c, p, s, f: torch._foreach_mul_(a, b),
+    "_foreach_mul_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_mul_(
+        a, [0.5 + i for i in range(len(a))]
+    ),
+    "_foreach_mul_.Tensor": lambda a, b, c, p, s, f: torch._foreach_mul_(a, s),
+    "_foreach_mul.Scalar": lambda a, b, c, p, s, f: torch._foreach_mul(a, 3.0),
+    "_foreach_div_.Scalar": lambda a, b, c, p, s, f: torch._foreach_div_(a, 3.0),
+    "_foreach_div_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_div_(
+        a, [1.0 + i for i in range(len(a))]
+    ),
+    "_foreach_div_.List": lambda a, b, c, p, s, f: torch._foreach_div_(a, p),
+    "_foreach_div_.Tensor": lambda a, b, c, p, s, f: torch._foreach_div_(a, s),
+    "_foreach_lerp_.Scalar": lambda a, b, c, p, s, f: torch._foreach_lerp_(a, b, 0.1),
+    "_foreach_lerp_.List": lambda a, b, c, p, s, f: torch._foreach_lerp_(a, b, p),
+    "_foreach_addcmul_.Scalar": lambda a, b, c, p, s, f: torch._foreach_addcmul_(a, b, c, 0.01),
+    "_foreach_addcmul_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_addcmul_(a, b, c, [0.5] * len(a)),
+    "_foreach_addcmul_.Tensor": lambda a, b, c, p, s, f: torch._foreach_addcmul_(
+        a, b, c, torch.full((len(a),), 0.5)
+    ),
+    "_foreach_addcdiv_.Scalar": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(a, b, p, -0.01),
+    "_foreach_addcdiv_.ScalarList": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(
+        a, b, p, [-0.01] * len(a)
+    ),
+    "_foreach_addcdiv_.Tensor": lambda a, b, c, p, s, f: torch._foreach_addcdiv_(
+        a, b, p, torch.full((len(a),), 0.5)
+    ),
+    "_foreach_sqrt": lambda a, b, c, p, s, f: torch._foreach_sqrt(p),
+    "_foreach_sqrt_": lambda a, b, c, p, s, f: torch._foreach_sqrt_(p),
+    "_foreach_neg_": lambda a, b, c, p, s, f: torch._foreach_neg_(a),
+    "_foreach_reciprocal_": lambda a, b, c, p, s, f: torch._foreach_reciprocal_(p),
+    "_foreach_pow.ScalarAndTensor": lambda a, b, c, p, s, f: torch._foreach_pow(0.9, p),
+    "_foreach_norm.Scalar": lambda a, b, c, p, s, f: torch._foreach_norm(a),
+    "_foreach_zero_": lambda a, b, c, p, s, f: torch._foreach_zero_(a),
+    "_foreach_copy_": lambda a, b, c, p, s, f: torch._foreach_copy_(a, b),
+    "_chunk_cat": lambda a, b, c, p, s, f: [torch._chunk_cat(a, dim=0, num_chunks=2)],
+    "_chunk_cat.out": lambda a, b, c, p, s, f: [torch._chunk_cat(a, dim=0, num_chunks=1, out=f.view(1, -1))],
+    "split_with_sizes_copy.out": lambda a, b, c, p, s, f: (
+        torch.split_with_sizes_copy(f, [t.numel() for t in a], out=a) or a
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_LIST_CASES))
+def test_optimizer_and_fsdp_list_ops_match_the_native_device(name):
+    g = torch.Generator().manual_seed(0)
+    # 24 tensors of mixed sizes: more than a call aliases without its maps.
+    a, b, c = ([torch.randn(3 + i % 5, generator=g) for i in range(24)] for _ in range(3))
+    p = [torch.rand(3 + i % 5, generator=g) + 0.5 for i in range(24)]
+    s = torch.tensor(1.25)
+    f = torch.randn(sum(t.numel() for t in a), generator=g)
+    inputs = (a, b, c, p, s, f)
+    expected = _LIST_CASES[name](
+        *[x.clone() if isinstance(x, torch.Tensor) else [t.clone() for t in x] for x in inputs]
+    )
+    fl_inputs = [
+        x.to("flagos") if isinstance(x, torch.Tensor) else [t.to("flagos") for t in x] for x in inputs
+    ]
+    before = unboxed()
+    got = _LIST_CASES[name](*fl_inputs)
+    if BACKED:
+        # Routed directly when backed: one unboxed call for the whole list.
+        assert _C._routing_unboxed_ops()[f"aten::{name}"] == "direct"
+        assert unboxed() == before + 1, name
+    assert all(t.device.type == "flagos" for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], expected)
