@@ -95,7 +95,7 @@ py::dict host_memory_stats() {
   return d;
 }
 
-py::dict device_properties(int device) {
+py::dict device_properties_dict(int device) {
   const flagos::runtime::DeviceProperties props =
       flagos::runtime::device_properties(static_cast<c10::DeviceIndex>(device));
   py::dict d;
@@ -157,7 +157,7 @@ PYBIND11_MODULE(_C, m) {
     c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
         ->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
   });
-  m.def("_get_device_properties", &device_properties);
+  m.def("_get_device_properties", &device_properties_dict);
   // torch.Event.elapsed_time accepts only exact torch.Event arguments, so torch.flagos.Event (a subclass)
   // measures through its event ids, which are the guard's event handles.
   m.def("_event_elapsed_time", [](uintptr_t start, uintptr_t end, int device) {
