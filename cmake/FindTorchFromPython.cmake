@@ -1,5 +1,6 @@
 # Locates the installed torch through the Python interpreter that builds us, without find_package(Torch):
-# its CUDA detection is slow and fragile, and we only need headers, libraries and the C++ ABI flag.
+# its CUDA detection is slow and fragile, and we only need headers, libraries and the C++ ABI flag. Defines
+# the interface targets torch_cpp (torch's C++ libraries) and torch_python_bindings (with torch_python).
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
 
 execute_process(
@@ -19,17 +20,25 @@ list(GET _torch_info 3 FLAGOS_TORCH_HAS_CUDA)
 set(FLAGOS_TORCH_LIB_DIR ${FLAGOS_TORCH_DIR}/lib)
 message(STATUS "torch_fl: building against torch ${FLAGOS_TORCH_VERSION} at ${FLAGOS_TORCH_DIR} (CUDA: ${FLAGOS_TORCH_HAS_CUDA})")
 
-add_library(torch_from_python INTERFACE)
-target_include_directories(torch_from_python SYSTEM INTERFACE
+# torch's C++ libraries, without Python: what the core library (runtime, ops, distributed, extension API) and
+# C++ programs over it link.
+add_library(torch_cpp INTERFACE)
+target_include_directories(torch_cpp SYSTEM INTERFACE
   ${FLAGOS_TORCH_DIR}/include ${FLAGOS_TORCH_DIR}/include/torch/csrc/api/include)
-target_compile_definitions(torch_from_python INTERFACE _GLIBCXX_USE_CXX11_ABI=${_torch_cxx11_abi})
-set(_torch_libs c10 torch_cpu torch torch_python)
+target_compile_definitions(torch_cpp INTERFACE _GLIBCXX_USE_CXX11_ABI=${_torch_cxx11_abi})
+set(_torch_libs c10 torch_cpu torch)
 if(FLAGOS_TORCH_HAS_CUDA)
   list(APPEND _torch_libs c10_cuda torch_cuda)
   find_package(CUDAToolkit REQUIRED)
-  target_link_libraries(torch_from_python INTERFACE CUDA::cudart)
+  target_link_libraries(torch_cpp INTERFACE CUDA::cudart)
 endif()
-foreach(_lib ${_torch_libs})
+foreach(_lib ${_torch_libs} torch_python)
   find_library(FLAGOS_TORCH_LIB_${_lib} NAMES ${_lib} PATHS ${FLAGOS_TORCH_LIB_DIR} NO_DEFAULT_PATH REQUIRED)
-  target_link_libraries(torch_from_python INTERFACE ${FLAGOS_TORCH_LIB_${_lib}})
 endforeach()
+foreach(_lib ${_torch_libs})
+  target_link_libraries(torch_cpp INTERFACE ${FLAGOS_TORCH_LIB_${_lib}})
+endforeach()
+
+# The same plus torch's Python bindings: what the extension module torch_fl._C links.
+add_library(torch_python_bindings INTERFACE)
+target_link_libraries(torch_python_bindings INTERFACE torch_cpp ${FLAGOS_TORCH_LIB_torch_python})

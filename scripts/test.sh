@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs torch_fl (scripts/install.sh), runs the C++ HAL conformance suite (ctest)
-# and the Python suite (pytest). Extra arguments go to pytest, e.g. `scripts/test.sh -m gpu`.
+# The test command: installs torch_fl (scripts/install.sh), runs the C++ suites (ctest: the HAL's, and the
+# core library's without Python) and the Python suite (pytest). Extra arguments go to pytest, e.g. `scripts/test.sh -m gpu`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
@@ -17,8 +17,11 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] && [ ! -e /u
   fi
 fi
 
-echo "[torch_fl] C++: HAL conformance suite"
-cmake -S tests/cpp/standalone -B build/hal-tests -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The HAL's suites (torch-free), and the core library's test (ATen on flagos without Python) linked to the
+# libtorch_fl_core.so just installed.
+echo "[torch_fl] C++: HAL suites and the core library's test"
+cmake -S tests/cpp/standalone -B build/hal-tests -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DFLAGOS_TEST_PYTHON="$("$PYTHON" -c 'import sys; print(sys.executable)')" >/dev/null
 cmake --build build/hal-tests
 ctest --test-dir build/hal-tests --output-on-failure
 

@@ -12,7 +12,7 @@
 //   Conjugate, Negative:    fallthroughs for the copies.
 //   AutocastPrivateUse1:    a fallthrough for every op, and the autocast policies (ops/kernels/autocast.h).
 //   _fused_sdp_choice_stub: flagos's choice of fused attention (ops/kernels/attention.h).
-//   The router's rule listener: ensure_routed_kernel.
+//   The router's rule listener, ensure_routed_kernel, and its entry note provider, op_entry_note.
 //
 //   SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1: layout_fallback, the native route for
 //                           sparse and quantized tensors (ops/routes/native_layouts.h); QuantizedPrivateUse1
@@ -158,6 +158,7 @@ struct AtLoad {
   AtLoad() {
     register_unboxed_fallback_kernels();
     set_rule_listener(&ensure_routed_kernel);
+    set_entry_note_provider(&op_entry_note);
     runtime::add_setup_step(&set_up_for_native_device);
     native_layouts::set_first_use_step(&register_layout_kernels);
   }

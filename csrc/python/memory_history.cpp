@@ -1,12 +1,11 @@
-// torch.flagos.memory._record_memory_history() / _snapshot()'s native half on a HAL accelerator: stacks are
-// torch's CapturedTraceback (Python, TorchScript and, with stacks="all", C++ frames), gathered by the
-// allocator at each allocation (runtime/memory_history.h), and the snapshot has
-// torch.cuda.memory._snapshot()'s shape, frames symbolized as torch's are ({"filename", "line", "name"}).
+// torch.flagos.memory._record_memory_history() / _snapshot()'s Python half on a HAL accelerator: the options
+// go to the runtime as they are (runtime/memory_history.h checks them and chooses the stacks, torch's
+// CapturedTraceback, that the allocator gathers), and the snapshot becomes torch.cuda.memory._snapshot()'s
+// dicts, frames symbolized as torch's are ({"filename", "line", "name"}).
 #include <pybind11/pybind11.h>
 
 #include <pybind11/stl.h>
 #include <torch/csrc/profiler/combined_traceback.h>
-#include <torch/csrc/profiler/unwind/unwind.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -23,59 +22,15 @@ namespace flagos::python {
 namespace {
 
 using runtime::MemoryTraceEntry;
-using runtime::RecordContext;
 
-std::shared_ptr<c10::GatheredContext> gather_python() {
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false);
-}
-
-std::shared_ptr<c10::GatheredContext> gather_with_cpp() {
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/true);
-}
-
-// torch.cuda.memory._record_memory_history's arguments, checked the same way.
+// torch.cuda.memory._record_memory_history's arguments, checked and turned into options by the runtime.
 void record_memory_history(const std::optional<std::string>& enabled,
                            const std::optional<std::string>& context, const std::string& stacks,
                            size_t max_entries, bool clear) {
-  TORCH_CHECK(!enabled || *enabled == "state" || *enabled == "all",
-              "expected enabled to be 'state', 'all', or None, got '", *enabled, "'");
-  TORCH_CHECK(!context || *context == "state" || *context == "alloc" || *context == "all",
-              "expected context to be 'state', 'alloc', 'all', or None, got '", *context, "'");
-  TORCH_CHECK(stacks == "python" || stacks == "all", "expected stacks to be 'python' or 'all', got '", stacks,
-              "'");
-  runtime::MemoryHistoryOptions options;
-  options.enabled = enabled.has_value();
-  options.trace = enabled.has_value() && *enabled == "all";
-  options.max_entries = options.trace ? max_entries : 0;
-  options.context = !context              ? RecordContext::kNever
-                    : *context == "state" ? RecordContext::kState
-                    : *context == "alloc" ? RecordContext::kAlloc
-                                          : RecordContext::kAll;
-  options.gather = stacks == "all" ? &gather_with_cpp : &gather_python;
-  options.clear = clear;
-  if (options.enabled && stacks == "all") torch::unwind::unwind();  // warms up C++ unwinding, as torch does
-  py::gil_scoped_release no_gil;                                    // the allocator's lock is taken inside
+  const runtime::MemoryHistoryOptions options =
+      runtime::memory_history_options(enabled, context, stacks, max_entries, clear);
+  py::gil_scoped_release no_gil;  // the allocator's lock is taken inside
   runtime::record_memory_history(options);
-}
-
-const char* action_name(MemoryTraceEntry::Action action) {
-  switch (action) {
-    case MemoryTraceEntry::kAlloc:
-      return "alloc";
-    case MemoryTraceEntry::kFreeRequested:
-      return "free_requested";
-    case MemoryTraceEntry::kFreeCompleted:
-      return "free_completed";
-    case MemoryTraceEntry::kSegmentAlloc:
-      return "segment_alloc";
-    case MemoryTraceEntry::kSegmentFree:
-      return "segment_free";
-    case MemoryTraceEntry::kOom:
-      return "oom";
-    case MemoryTraceEntry::kSnapshot:
-      break;
-  }
-  return "snapshot";
 }
 
 // Collects the dicts that need "frames" and symbolizes all their stacks in one pass (torch dedups frames).
@@ -153,7 +108,7 @@ py::dict memory_snapshot() {
     py::list trace;
     for (const MemoryTraceEntry& e : devices[device].trace) {
       py::dict entry;
-      entry["action"] = action_name(e.action);
+      entry["action"] = runtime::action_name(e.action);
       entry[e.action == MemoryTraceEntry::kOom ? "device_free" : "addr"] = e.addr;
       entry["size"] = e.size;
       entry["stream"] = e.stream;

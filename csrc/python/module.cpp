@@ -13,10 +13,10 @@
 
 #include "ops/routes/native_call.h"
 #include "python/bindings.h"
+#include "runtime/accelerator.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
-#include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
 #include "runtime/mode.h"
 #include "runtime/profiler/device_trace.h"
@@ -28,14 +28,10 @@ namespace py = pybind11;
 namespace flagos::python {
 namespace {
 
-using flagos::runtime::check_device_index;
-using flagos::runtime::check_hal;
 using flagos::runtime::check_stream;
 using flagos::runtime::device_allocator;
 using flagos::runtime::flagos_device;
-using flagos::runtime::hal;
 using flagos::runtime::host_allocator;
-namespace hal_api = flagos::hal;
 
 py::tuple stream_tuple(const c10::Stream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
@@ -99,19 +95,18 @@ py::dict host_memory_stats() {
   return d;
 }
 
-py::dict device_properties(int device) {
-  check_device_index(static_cast<c10::DeviceIndex>(device));
-  flagos_device_properties_t props{};
-  check_hal(hal().get_device_properties(device, &props), "flagos_get_device_properties");
+py::dict device_properties_dict(int device) {
+  const flagos::runtime::DeviceProperties props =
+      flagos::runtime::device_properties(static_cast<c10::DeviceIndex>(device));
   py::dict d;
-  d["name"] = std::string(props.name);
+  d["name"] = props.name;
   d["total_memory"] = props.total_memory;
   d["major"] = props.major;
   d["minor"] = props.minor;
   d["multi_processor_count"] = props.multi_processor_count;
   d["warp_size"] = props.warp_size;
-  d["supports_bf16"] = props.supports_bf16 != 0;
-  d["supports_fp16"] = props.supports_fp16 != 0;
+  d["supports_bf16"] = props.supports_bf16;
+  d["supports_fp16"] = props.supports_fp16;
   return d;
 }
 
@@ -120,7 +115,7 @@ py::dict build_info() {
   d["version"] = FLAGOS_VERSION;
   d["built_with_torch"] = TORCH_VERSION;
   d["torch_has_cuda"] = static_cast<bool>(FLAGOS_TORCH_HAS_CUDA);
-  d["hals"] = hal_api::built_hals();
+  d["hals"] = flagos::runtime::built_accelerators();
   d["kineto_device_profiler"] = flagos::runtime::profiler::kineto_profiler_registered();
   return d;
 }
@@ -134,14 +129,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_fl runtime bindings (internal; use torch.flagos and torch_fl)";
 
   m.def("_build_info", &build_info);
-  m.def("_accelerator_name", []() -> py::object {
-    const flagos::hal::HalTable* h = hal_or_null();
-    return h ? py::cast(h->name) : py::none();
-  });
-  m.def("_hal_library", []() -> py::object {
-    const flagos::hal::HalTable* h = hal_or_null();
-    return h ? py::cast(h->library_path) : py::none();
-  });
+  m.def("_accelerator_name", &accelerator_name);  // None when no accelerator can be used
+  m.def("_hal_library", &accelerator_library);
   m.def("_accelerator_error", &accelerator_error);
   m.def("_device_count", []() { return static_cast<int>(device_count()); });
   m.def("_is_initialized", &is_initialized);
@@ -168,7 +157,7 @@ PYBIND11_MODULE(_C, m) {
     c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
         ->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
   });
-  m.def("_get_device_properties", &device_properties);
+  m.def("_get_device_properties", &device_properties_dict);
   // torch.Event.elapsed_time accepts only exact torch.Event arguments, so torch.flagos.Event (a subclass)
   // measures through its event ids, which are the guard's event handles.
   m.def("_event_elapsed_time", [](uintptr_t start, uintptr_t end, int device) {
@@ -185,11 +174,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_stream", [](int64_t id, int d) { return stream_tuple(exchange_stream(stream_from(id, d))); });
   m.def("_stream_priority", [](int64_t id, int d) { return stream_priority(stream_from(id, d)); });
   m.def("_stream_priority_range", []() {
-    int least = 0;
-    int greatest = 0;
-    check_hal(hal().stream_get_priority_range(&least, &greatest), "flagos_stream_get_priority_range");
     // torch exposes two levels (0 and -1) whatever the accelerator's native range is.
-    return py::make_tuple(0, greatest < least ? -1 : 0);
+    return py::make_tuple(0, has_stream_priorities() ? -1 : 0);
   });
 
   m.def("_memory_stats", &memory_stats);
@@ -214,14 +200,14 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(mode().backing_type().has_value(),
                 "torch_fl.as_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with a "
                 "CUDA build of torch); the accelerator in use is ",
-                hal().name);
+                accelerator_name().value_or("?"));
     return flagos::ops::alias_as_native(t);
   });
   m.def("_adopt_native", [](const at::Tensor& t) {
     TORCH_CHECK(mode().backing_type().has_value(),
                 "torch_fl.from_cuda needs flagos backed by torch's CUDA (accelerator 'cuda' with "
                 "a CUDA build of torch); the accelerator in use is ",
-                hal().name);
+                accelerator_name().value_or("?"));
     return flagos::ops::adopt_native(t);
   });
 

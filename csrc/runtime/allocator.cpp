@@ -102,7 +102,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
     if (capture::Recording* recording = capture::recording_for(stream)) {
       capture::fail(*recording, "growing a tensor's storage that holds data (allocate it before capturing)");
     }
-    active_mode().copy_async(new_data.get(), storage.data(), copy_bytes, stream);
+    active_mode().copy_async(new_data.get(), storage.data(), copy_bytes, CopyKind::kDeviceToDevice, stream);
     device_allocator()->recordStream(storage.data_ptr(), stream);
   }
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(new_data));

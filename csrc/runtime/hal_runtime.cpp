@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace flagos::runtime {
 namespace {
@@ -55,6 +58,22 @@ const Selection& selection() noexcept {
 
 const hal::HalTable* hal_or_null() noexcept {
   return selection().table;
+}
+
+std::optional<std::string> accelerator_name() noexcept {
+  const hal::HalTable* table = hal_or_null();
+  if (table == nullptr) return std::nullopt;
+  return table->name;
+}
+
+std::optional<std::string> accelerator_library() noexcept {
+  const hal::HalTable* table = hal_or_null();
+  if (table == nullptr) return std::nullopt;
+  return table->library_path;
+}
+
+std::vector<std::string> built_accelerators() {
+  return hal::built_hals();
 }
 
 std::string accelerator_error() {
@@ -109,6 +128,29 @@ void throw_hal_error(flagos_status_t status, const std::string& what) {
     TORCH_CHECK_INDEX(false, what, " failed on the ", name, " accelerator: ", detail);
   }
   TORCH_CHECK(false, what, " failed on the ", name, " accelerator: ", detail);
+}
+
+DeviceProperties device_properties(c10::DeviceIndex device) {
+  check_device_index(device);
+  flagos_device_properties_t props{};
+  check_hal(hal().get_device_properties(device, &props), "flagos_get_device_properties");
+  DeviceProperties p;
+  p.name = props.name;
+  p.total_memory = props.total_memory;
+  p.major = props.major;
+  p.minor = props.minor;
+  p.multi_processor_count = props.multi_processor_count;
+  p.warp_size = props.warp_size;
+  p.supports_bf16 = props.supports_bf16 != 0;
+  p.supports_fp16 = props.supports_fp16 != 0;
+  return p;
+}
+
+bool has_stream_priorities() {
+  int least = 0;
+  int greatest = 0;
+  check_hal(hal().stream_get_priority_range(&least, &greatest), "flagos_stream_get_priority_range");
+  return greatest < least;  // lower numbers are higher priority
 }
 
 void check_device_index(c10::DeviceIndex index) {

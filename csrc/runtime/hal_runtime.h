@@ -1,6 +1,6 @@
 // The runtime's single door to the HAL: picks the accelerator once per process (FLAGOS_ACCELERATOR),
 // turns HAL status codes into torch errors, and refuses use after fork (the HAL's worker threads and
-// vendor contexts do not survive fork).
+// vendor contexts do not survive fork). Internal to csrc/runtime: the layers above ask runtime/accelerator.h.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -9,31 +9,23 @@
 
 #include <string>
 
+#include "runtime/accelerator.h"
+
 namespace flagos::runtime {
 
 // The selected HAL. Throws a c10::Error naming the reason when no accelerator can be used
 // (e.g. FLAGOS_ACCELERATOR=cuda without a GPU) or when called in a child forked after initialisation.
 const hal::HalTable& hal();
 
-// Like hal() but never throws: nullptr when unusable. For paths that must not throw (deviceCount).
+// Like hal() but never throws: nullptr when unusable (accelerator_error() says why). For paths that must
+// not throw (deviceCount).
 const hal::HalTable* hal_or_null() noexcept;
 
-// Why hal_or_null() is null ("" when it is not).
-std::string accelerator_error();
-
-// Number of devices; 0 when the accelerator is unusable. Never throws.
-c10::DeviceIndex device_count() noexcept;
-
-// True once the device is initialised (runtime/setup.h initialize() has completed) in this process.
-bool is_initialized() noexcept;
-// Called by initialize() once it has completed.
+// Called by initialize() (runtime/setup.h) once it has completed: is_initialized() is true from then on.
 void mark_initialized() noexcept;
 
-// True in a child forked after the runtime was initialised.
-bool in_bad_fork() noexcept;
-
-// Throws the bad-fork error in such a child. hal() checks it; paths that bypass the HAL (flagos backed by
-// torch's CUDA) check it themselves.
+// Throws the bad-fork error in a child forked after initialisation (in_bad_fork()). hal() checks it; paths
+// that bypass the HAL (flagos backed by torch's CUDA) check it themselves.
 void check_not_forked();
 
 // Throws a c10::Error (or torch.OutOfMemoryError for FLAGOS_ERROR_OUT_OF_MEMORY) describing a failed
@@ -43,8 +35,5 @@ void check_not_forked();
 inline void check_hal(flagos_status_t status, const char* what) {
   if (C10_UNLIKELY(status != FLAGOS_SUCCESS)) throw_hal_error(status, what);
 }
-
-// Validates a device index against device_count(); the message names the index and the valid range.
-void check_device_index(c10::DeviceIndex index);
 
 }  // namespace flagos::runtime

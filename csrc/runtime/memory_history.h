@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace flagos::runtime {
@@ -33,7 +35,7 @@ struct MemoryHistoryOptions {
   bool trace = false;      // keep the alloc/free event history ("all"), not only the live blocks' stacks
   size_t max_entries = 0;  // events kept per device (a ring: the newest overwrite the oldest)
   RecordContext context = RecordContext::kNever;
-  CreateContextFn gather = nullptr;  // set by the bindings
+  CreateContextFn gather = nullptr;  // torch's CapturedTraceback, as memory_history_options() chooses it
   bool clear = false;                // drop what was recorded so far
 };
 
@@ -70,6 +72,17 @@ struct DeviceMemorySnapshot {
   std::vector<MemoryBlockState> blocks;
   std::vector<MemoryTraceEntry> trace;  // oldest first
 };
+
+// torch.cuda.memory._record_memory_history's arguments (enabled: "state", "all" or none; context: "state",
+// "alloc", "all" or none; stacks: "python" or "all", the latter with C++ frames), checked as torch checks
+// them. Stacks are torch's CapturedTraceback (Python frames where the Python unwinder is registered, as
+// `import torch` does; TorchScript frames; C++ frames with stacks="all", whose unwinding this warms up).
+MemoryHistoryOptions memory_history_options(const std::optional<std::string>& enabled,
+                                            const std::optional<std::string>& context,
+                                            const std::string& stacks, size_t max_entries, bool clear);
+
+// The name torch's snapshots give a trace entry's action ("alloc", "free_requested", ...).
+const char* action_name(MemoryTraceEntry::Action action);
 
 // Sets what the allocator records from now on. Throws where flagos memory is another allocator's (backed).
 void record_memory_history(const MemoryHistoryOptions& options);

@@ -30,6 +30,9 @@
 
 namespace flagos::runtime {
 
+// What a copy moves bytes between; "device" is flagos memory.
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
 class RuntimeMode {
  public:
   virtual ~RuntimeMode() = default;
@@ -56,8 +59,16 @@ class RuntimeMode {
   // A stream of this mode's (an id out of range is a clear error, never a crash).
   virtual void check_stream(const c10::Stream& stream) const = 0;
   virtual int stream_priority(const c10::Stream& stream) const = 0;
-  // Device-to-device bytes, queued on `stream` (its device's).
-  virtual void copy_async(void* dst, const void* src, size_t nbytes, const c10::Stream& stream) const = 0;
+  // Bytes between flagos memory and host memory (or flagos memory of one device), queued on `stream`: the
+  // flagos side's (the device's, from device to device).
+  virtual void copy_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
+                          const c10::Stream& stream) const = 0;
+  // Device-to-device bytes from flagos device `src_device` to `dst_device`, done when it returns. Ordered
+  // after nothing: the caller first waits for the streams whose work the copy must follow.
+  virtual void copy_between_devices(void* dst, c10::DeviceIndex dst_device, const void* src,
+                                    c10::DeviceIndex src_device, size_t nbytes) const = 0;
+  // Waits for the work queued on `stream` (whether a capture allows it is the caller's check).
+  virtual void synchronize(const c10::Stream& stream) const = 0;
   // The flagos device of flagos memory whatever its label, nullopt for other memory.
   virtual std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const = 0;
   virtual NativeDevice native_device() const = 0;

@@ -253,9 +253,11 @@ def test_flagos_extension_adds_torch_fl_headers_and_library():
     extension = cpp_extension.FlagosExtension("my_ops", ["my_ops.cpp"], include_dirs=["mine"])
     assert extension.include_dirs[0] == "mine"
     assert cpp_extension.include_paths()[0] in extension.include_dirs
-    assert any(arg.startswith("-l:_C") for arg in extension.extra_link_args)
+    # The core library (libtorch_fl_core.so, beside torch_fl._C) implements flagos/extension.h.
+    assert "-ltorch_fl_core" in extension.extra_link_args
     import os
 
+    assert os.path.isfile(os.path.join(cpp_extension.library_paths()[0], "libtorch_fl_core.so"))
     assert os.path.isfile(os.path.join(cpp_extension.include_paths()[0], "flagos", "extension.h"))
 
 

@@ -2,8 +2,8 @@
 
 ``torch.utils.cpp_extension`` plus torch_fl's public header and library: sources may include
 ``<flagos/extension.h>`` (current flagos stream, device guard, zero-copy views between flagos and the native
-device, ``FLAGOS_LIBRARY_IMPL`` to register kernels for flagos) and are linked to ``torch_fl._C``, which
-implements it.
+device, ``FLAGOS_LIBRARY_IMPL`` to register kernels for flagos) and are linked to ``libtorch_fl_core.so``,
+torch_fl's core library (beside ``torch_fl._C``), which implements it.
 
 - :func:`FlagosExtension`: a setuptools ``Extension`` (``CppExtension``, or ``CUDAExtension`` when a source is
   ``.cu``/``.cuh``), built with :class:`BuildExtension` (torch's).
@@ -42,11 +42,15 @@ def _package_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_CORE_LIBRARY = "torch_fl_core"
+
+
 def _library() -> str:
-    """Path of torch_fl._C, the library that implements flagos/extension.h."""
+    """Path of libtorch_fl_core.so, the library that implements flagos/extension.h: torch_fl's core, which
+    torch_fl._C (beside it) links."""
     from torch_fl import _C
 
-    return os.path.abspath(_C.__file__)
+    return os.path.join(os.path.dirname(os.path.abspath(_C.__file__)), f"lib{_CORE_LIBRARY}.so")
 
 
 def include_paths() -> list[str]:
@@ -55,16 +59,15 @@ def include_paths() -> list[str]:
 
 
 def library_paths() -> list[str]:
-    """Directories of the library extensions link to (torch_fl._C)."""
+    """Directories of the library extensions link to (libtorch_fl_core.so)."""
     return [os.path.dirname(_library())]
 
 
 def _link_flags() -> list[str]:
-    # torch_fl._C by file name, found through the rpath; at run time it is the module `import torch_fl`
-    # already loaded (the dynamic loader matches the same file).
-    library = _library()
-    directory = os.path.dirname(library)
-    return [f"-L{directory}", f"-l:{os.path.basename(library)}", f"-Wl,-rpath,{directory}"]
+    # Found through the rpath; at run time it is the library `import torch_fl` already loaded (the dynamic
+    # loader matches its soname).
+    directory = os.path.dirname(_library())
+    return [f"-L{directory}", f"-l{_CORE_LIBRARY}", f"-Wl,-rpath,{directory}"]
 
 
 def _check_cuda(what: str) -> None:

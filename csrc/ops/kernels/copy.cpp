@@ -1,5 +1,5 @@
-// flagos's copies (ops/kernels/copy.h): on host kernels, HAL copies ordered on flagos streams; on device
-// kernels (backed), the native device's own copy on aliases.
+// flagos's copies (ops/kernels/copy.h): on host kernels, the runtime's byte copies ordered on flagos
+// streams; on device kernels (backed), the native device's own copy on aliases.
 #include "ops/kernels/copy.h"
 
 #include <ATen/MemoryOverlap.h>
@@ -12,9 +12,8 @@
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/native_call.h"
 #include "runtime/graph.h"
-#include "runtime/hal/hal_streams.h"
-#include "runtime/hal_runtime.h"
 #include "runtime/host_allocator.h"
+#include "runtime/mode.h"
 #include "runtime/native_device.h"
 #include "runtime/profiler/device_trace.h"
 #include "runtime/stream.h"
@@ -22,10 +21,8 @@
 namespace flagos::ops {
 namespace {
 
-using runtime::check_hal;
+using runtime::CopyKind;
 using runtime::current_stream;
-using runtime::hal;
-using runtime::hal_mode::hal_stream;
 
 bool is_flagos(const at::Tensor& t) {
   return t.device().type() == c10::DeviceType::PrivateUse1;
@@ -50,32 +47,26 @@ size_t span_bytes(const at::Tensor& t) {
   return static_cast<size_t>(last + 1) * t.dtype().itemsize();
 }
 
-void sync_stream(const c10::Stream& stream) {
-  check_hal(hal().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
-}
-
 // Moves `nbytes` between the first elements of src and dst, ordered on the current stream of the flagos
 // device involved. Only a non_blocking copy from/to pinned memory may return before it completes.
 void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, bool non_blocking) {
   if (nbytes == 0) return;
   const void* src_ptr = src.const_data_ptr();
   void* dst_ptr = dst.mutable_data_ptr();
+  const runtime::RuntimeMode& mode = runtime::active_mode();
   if (is_flagos(src) && is_flagos(dst)) {
     const c10::Stream dst_stream = current_stream(dst.device().index());
     if (src.device() == dst.device()) {
       const runtime::profiler::DeviceSpan span(runtime::profiler::SpanKind::kMemcpy, "Memcpy DtoD (flagos)",
                                                "", dst.device().index());
-      check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
-                                   hal_stream(dst_stream)),
-                "flagos_memcpy_async (device to device)");
+      mode.copy_async(dst_ptr, src_ptr, nbytes, CopyKind::kDeviceToDevice, dst_stream);
       return;
     }
     // Across devices: wait for both sides' queued work, then copy synchronously.
     runtime::capture::check_allowed(&dst_stream, "a copy between flagos devices");
-    sync_stream(current_stream(src.device().index()));
-    sync_stream(dst_stream);
-    check_hal(hal().memcpy(dst_ptr, src_ptr, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
-              "flagos_memcpy (between flagos devices)");
+    mode.synchronize(current_stream(src.device().index()));
+    mode.synchronize(dst_stream);
+    mode.copy_between_devices(dst_ptr, dst.device().index(), src_ptr, src.device().index(), nbytes);
     return;
   }
   const bool to_device = is_flagos(dst);
@@ -88,10 +79,8 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
   std::optional<runtime::profiler::DeviceSpan> span;
   span.emplace(runtime::profiler::SpanKind::kMemcpy,
                to_device ? "Memcpy HtoD (flagos)" : "Memcpy DtoH (flagos)", "", device_side.device().index());
-  check_hal(hal().memcpy_async(dst_ptr, src_ptr, nbytes,
-                               to_device ? FLAGOS_MEMCPY_HOST_TO_DEVICE : FLAGOS_MEMCPY_DEVICE_TO_HOST,
-                               hal_stream(stream)),
-            to_device ? "flagos_memcpy_async (host to device)" : "flagos_memcpy_async (device to host)");
+  mode.copy_async(dst_ptr, src_ptr, nbytes, to_device ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost,
+                  stream);
   if (!waits) {
     // Keep the pinned block from being reused until the copy has run.
     runtime::host_allocator()->record_event(const_cast<void*>(host_base),
@@ -99,7 +88,7 @@ void copy_bytes(const at::Tensor& src, const at::Tensor& dst, size_t nbytes, boo
     return;
   }
   span.reset();  // the copy's end on the stream, before the wait for it
-  sync_stream(stream);
+  mode.synchronize(stream);
 }
 
 // A CPU tensor with the values of flagos tensor `t` (same sizes and strides), read synchronously.

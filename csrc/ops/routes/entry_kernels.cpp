@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -250,6 +251,50 @@ OpEntry op_entry(const c10::OperatorHandle& op) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   return entry_locked(r, op);
+}
+
+namespace {
+
+// "aten::mm.out" for an op whose composite kernel probably calls it.
+std::string probable_out_overload(const c10::OperatorName& name) {
+  std::string base = name.name;
+  while (!base.empty() && base.back() == '_') base.pop_back();
+  const c10::OperatorName out(base, "out");
+  if (out == name || !c10::Dispatcher::singleton().findSchema(out).has_value()) return "";
+  return op_display_name(out);
+}
+
+}  // namespace
+
+std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
+  const OpEntry entry = op_entry(op);
+  if (entry == OpEntry::kFallback || entry == OpEntry::kBuiltin) return "";
+  if (entry == OpEntry::kOwnKernel) {
+    const std::string table = op.dumpComputedTable();
+    const auto line = table.find("PrivateUse1: registered at ");
+    std::string where;
+    if (line != std::string::npos) {
+      const auto start = line + std::string("PrivateUse1: ").size();
+      where = " (" + table.substr(start, table.find(" [", start) - start) + ")";
+    }
+    return "flagos has a kernel of its own for it" + where + ", so its calls do not go through the router";
+  }
+  const std::optional<c10::DispatchKey> composite = composite_key(op);
+  if (!composite.has_value()) return "";  // routed, then defined again without one: every call is routed
+  const c10::DispatchKey key = *composite;
+  if (key == c10::DispatchKey::CompositeImplicitAutograd) {
+    if (has_rule) {
+      return "it is CompositeImplicitAutograd: when autograd records a call (grad mode on and an input "
+             "requiring grad) it still decomposes into other ops, which are routed on their own";
+    }
+    return "no rule names it, so it is CompositeImplicitAutograd on flagos: it decomposes into other ops, "
+           "which are routed on their own";
+  }
+  if (has_rule && entry == OpEntry::kRouted) return "";
+  const std::string out = probable_out_overload(op.operator_name());
+  return std::string("no rule names it, so on flagos it runs its ") + c10::toString(key) +
+         " kernel, which calls other ops" + (out.empty() ? "" : " (probably " + out + ")") +
+         " that are routed on their own";
 }
 
 void ensure_routed_kernel(const c10::OperatorHandle& op) {

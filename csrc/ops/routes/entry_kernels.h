@@ -32,6 +32,10 @@ enum class OpEntry {
 
 OpEntry op_entry(const c10::OperatorHandle& op);
 
+// Why calls of `op` do not (always) take the route decided for it, or "" when they do (`has_rule`: a rule
+// names the op): the router's entry note provider (ops/routing/router.h).
+std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule);
+
 // The ops flagos routes directly from the start (OpEntry::kBuiltin; why each, in entry_kernels.cpp), as
 // `name.overload` of namespace aten, and the PrivateUse1 kernel that routes every call of an op: its
 // unboxed one (ops/routes/native_unboxed.h) where it has one, else the boxed fallback's.

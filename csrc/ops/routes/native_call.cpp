@@ -22,7 +22,6 @@
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/graph.h"
-#include "runtime/hal_runtime.h"
 #include "runtime/native_device.h"
 #include "runtime/stream.h"
 

@@ -1,14 +1,15 @@
 // The router's text: explain(), the routing table, and the dispatch log's lines, with the notes that say
-// when an op's calls do not take its route (ops/routes/entry_kernels.h) or how attention is run.
+// when an op's calls do not take its route (the entry note provider, ops/routing/router.h) or how
+// attention is run.
 #include "ops/routing/explain.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
-#include "ops/routes/entry_kernels.h"
 #include "ops/routing/state.h"
 
 namespace flagos::ops {
@@ -23,45 +24,11 @@ std::string attention_note(const c10::OperatorName& name) {
          "answer is math or the fused op is routed where it cannot run";
 }
 
-// "aten::mm.out" for an op whose composite kernel probably calls it.
-std::string probable_out_overload(const c10::OperatorName& name) {
-  std::string base = name.name;
-  while (!base.empty() && base.back() == '_') base.pop_back();
-  const c10::OperatorName out(base, "out");
-  if (out == name || !c10::Dispatcher::singleton().findSchema(out).has_value()) return "";
-  return op_display_name(out);
-}
+std::atomic<EntryNoteProvider> g_entry_note{nullptr};
 
-// Why calls of `op` do not (always) take its route, or "" when they do. `has_rule`: a rule names the op.
-std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
-  const OpEntry entry = op_entry(op);
-  if (entry == OpEntry::kFallback || entry == OpEntry::kBuiltin) return "";
-  if (entry == OpEntry::kOwnKernel) {
-    const std::string table = op.dumpComputedTable();
-    const auto line = table.find("PrivateUse1: registered at ");
-    std::string where;
-    if (line != std::string::npos) {
-      const auto start = line + std::string("PrivateUse1: ").size();
-      where = " (" + table.substr(start, table.find(" [", start) - start) + ")";
-    }
-    return "flagos has a kernel of its own for it" + where + ", so its calls do not go through the router";
-  }
-  const std::optional<c10::DispatchKey> composite = composite_key(op);
-  if (!composite.has_value()) return "";  // routed, then defined again without one: every call is routed
-  const c10::DispatchKey key = *composite;
-  if (key == c10::DispatchKey::CompositeImplicitAutograd) {
-    if (has_rule) {
-      return "it is CompositeImplicitAutograd: when autograd records a call (grad mode on and an input "
-             "requiring grad) it still decomposes into other ops, which are routed on their own";
-    }
-    return "no rule names it, so it is CompositeImplicitAutograd on flagos: it decomposes into other ops, "
-           "which are routed on their own";
-  }
-  if (has_rule && entry == OpEntry::kRouted) return "";
-  const std::string out = probable_out_overload(op.operator_name());
-  return std::string("no rule names it, so on flagos it runs its ") + c10::toString(key) +
-         " kernel, which calls other ops" + (out.empty() ? "" : " (probably " + out + ")") +
-         " that are routed on their own";
+std::string note_on_entry(const c10::OperatorHandle& op, bool has_rule) {
+  const EntryNoteProvider provider = g_entry_note.load(std::memory_order_acquire);
+  return provider != nullptr ? provider(op, has_rule) : std::string();
 }
 
 }  // namespace
@@ -91,12 +58,16 @@ std::string decision_text(const State& s, const c10::OperatorName& name, const D
 }
 
 // With a note when the call does not take the decided route: a routed composite op with no rule runs its
-// composite kernel (ops/routes/entry_kernels.h).
+// composite kernel (the entry note provider).
 void log_decision_locked(const State& s, const c10::OperatorHandle& op, const Decision& d) {
   std::string text = decision_text(s, op.operator_name(), d);
-  const std::string note = op_entry_note(op, d.rule.has_value());
+  const std::string note = note_on_entry(op, d.rule.has_value());
   if (!note.empty()) text += "; note: " + note;
   std::fprintf(stderr, "[flagos dispatch] %s\n", text.c_str());
+}
+
+void set_entry_note_provider(EntryNoteProvider provider) {
+  g_entry_note.store(provider, std::memory_order_release);
 }
 
 std::string explain(const std::string& op) {
@@ -119,7 +90,7 @@ std::string explain(const std::string& op) {
       text += (i ? ", " : "") + rule_text(*d.shadowed[i]) + " = " + backend_name(d.shadowed[i]->backend);
     }
   }
-  const std::string note = op_entry_note(handle, d.rule.has_value());
+  const std::string note = note_on_entry(handle, d.rule.has_value());
   if (!note.empty()) text += "; note: " + note;
   const std::string attention = attention_note(handle.operator_name());
   if (!attention.empty()) text += "; note: " + attention;

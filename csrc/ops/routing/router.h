@@ -148,6 +148,13 @@ Backend effective_backend(const std::string& op);
 using RuleListener = void (*)(const c10::OperatorHandle& op);
 void set_rule_listener(RuleListener listener);
 
+// Why calls of `op` do not (always) take the route decided for it, or "" when they do (`has_rule`: a rule
+// names the op): the notes explain() and the dispatch log add, from the layer that registers flagos's
+// kernels and so knows how calls reach the router (ops/registration.cpp installs entry_note,
+// ops/routes/entry_kernels.h). Set once, at load; without one there are no such notes.
+using EntryNoteProvider = std::string (*)(const c10::OperatorHandle& op, bool has_rule);
+void set_entry_note_provider(EntryNoteProvider provider);
+
 // Canonical name of an op: "aten::mm", "aten::add.Tensor".
 std::string op_display_name(const c10::OperatorName& name);
 

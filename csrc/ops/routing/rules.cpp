@@ -12,7 +12,7 @@
 
 #include "ops/routing/router.h"
 #include "ops/routing/state.h"
-#include "runtime/hal_runtime.h"
+#include "runtime/accelerator.h"
 #include "runtime/native_device.h"
 
 namespace flagos::ops {
@@ -164,12 +164,12 @@ void ensure_initialized_locked(State& s) {
   }
   ensure_native_locked(s);
   if (!s.default_config_pending) return;
-  const hal::HalTable* table = runtime::hal_or_null();
-  if (table == nullptr || s.package_config_dir.empty()) {
+  const std::optional<std::string> accelerator = runtime::accelerator_name();
+  if (!accelerator.has_value() || s.package_config_dir.empty()) {
     s.default_config_pending = false;
     return;
   }
-  const std::filesystem::path path = std::filesystem::path(s.package_config_dir) / (table->name + ".conf");
+  const std::filesystem::path path = std::filesystem::path(s.package_config_dir) / (*accelerator + ".conf");
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
     RuleMap config = rules_from_config(parse_config_file(path.string()));

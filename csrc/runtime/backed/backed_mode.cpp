@@ -234,13 +234,32 @@ class BackedMode final : public RuntimeMode {
   }
 
   // The backing type's own copy kernel on byte views, queued on `stream` (its current one is flagos's).
-  void copy_async(void* dst, const void* src, size_t nbytes, const c10::Stream& stream) const override {
-    const c10::DeviceGuard device_guard(backing_.device(stream.device()));
+  void copy_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
+                  const c10::Stream& stream) const override {
+    const c10::Device device = backing_.device(stream.device());
+    const c10::DeviceGuard device_guard(device);
     const c10::StreamGuard stream_guard(backing_.stream(stream));
-    const auto bytes = at::TensorOptions().dtype(at::kByte).device(backing_.device(stream.device()));
+    const auto on_host = at::TensorOptions().dtype(at::kByte);
+    const auto on_device = on_host.device(device);
     const auto n = static_cast<int64_t>(nbytes);
-    at::from_blob(dst, {n}, bytes)
-        .copy_(at::from_blob(const_cast<void*>(src), {n}, bytes), /*non_blocking=*/true);
+    at::from_blob(dst, {n}, kind == CopyKind::kDeviceToHost ? on_host : on_device)
+        .copy_(
+            at::from_blob(const_cast<void*>(src), {n}, kind == CopyKind::kHostToDevice ? on_host : on_device),
+            /*non_blocking=*/true);
+  }
+
+  // The backing type's copy between its devices, which waits for it.
+  void copy_between_devices(void* dst, c10::DeviceIndex dst_device, const void* src,
+                            c10::DeviceIndex src_device, size_t nbytes) const override {
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    const auto n = static_cast<int64_t>(nbytes);
+    at::from_blob(dst, {n}, bytes.device(c10::Device(backing_.type, dst_device)))
+        .copy_(
+            at::from_blob(const_cast<void*>(src), {n}, bytes.device(c10::Device(backing_.type, src_device))));
+  }
+
+  void synchronize(const c10::Stream& stream) const override {
+    backing_.guard->synchronizeStream(backing_.stream(stream));
   }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {

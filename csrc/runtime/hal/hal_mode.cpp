@@ -43,10 +43,32 @@ class HalMode final : public RuntimeMode {
   void check_stream(const c10::Stream& stream) const override { hal_mode::check_stream(stream); }
   int stream_priority(const c10::Stream& stream) const override { return hal_mode::stream_priority(stream); }
 
-  void copy_async(void* dst, const void* src, size_t nbytes, const c10::Stream& stream) const override {
-    check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(stream)),
-              "flagos_memcpy_async (device to device)");
+  void copy_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
+                  const c10::Stream& stream) const override {
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_HOST_TO_DEVICE, hal_stream(stream)),
+                  "flagos_memcpy_async (host to device)");
+        return;
+      case CopyKind::kDeviceToHost:
+        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_HOST, hal_stream(stream)),
+                  "flagos_memcpy_async (device to host)");
+        return;
+      case CopyKind::kDeviceToDevice:
+        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(stream)),
+                  "flagos_memcpy_async (device to device)");
+        return;
+    }
   }
+
+  void copy_between_devices(void* dst, c10::DeviceIndex /*dst_device*/, const void* src,
+                            c10::DeviceIndex /*src_device*/, size_t nbytes) const override {
+    // The HAL finds each pointer's device itself.
+    check_hal(hal().memcpy(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE),
+              "flagos_memcpy (between flagos devices)");
+  }
+
+  void synchronize(const c10::Stream& stream) const override { hal_mode::synchronize(stream); }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {
     return owned_memory_device(ptr);
