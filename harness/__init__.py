@@ -12,6 +12,6 @@ The dependencies run one way: tests, benchmarks, tools and examples import this 
 way round. It is not installed: tests run from the repository's root (pyproject.toml's ``pythonpath``), and
 the scripts run as modules from there (``python -m benchmarks.qwen3``); ``processes.python_env`` puts the
 root on the ``PYTHONPATH`` of the processes they start. No module here imports torch_fl when it is imported
-(tests/test_harness.py checks it), so that a reference process, which must never import torch_fl, can use
-them all; what needs torch_fl imports it where it is called.
+(tests/tools/test_harness.py checks it), so that a reference process, which must never import torch_fl, can
+use them all; what needs torch_fl imports it where it is called.
 """

@@ -1,5 +1,5 @@
 """CPU lists as ``taskset -c`` writes them ("0-3,8,10-11"), and binding a process's threads to one
-(``examples/train_qwen3_distributed.py --cpus``, ``benchmarks/distributed.py --bind-cpus``)."""
+(``python -m examples.train_qwen3_distributed --cpus``, ``python -m benchmarks.distributed --bind-cpus``)."""
 
 from __future__ import annotations
 

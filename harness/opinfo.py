@@ -21,9 +21,9 @@ Usage (from the repository root)::
     python -m harness.opinfo --dtypes float32,float64,bfloat16,int64,bool --out results.json
     python -m harness.opinfo --ops add,mm --dtypes float32 -v
 
-``--write-passing FILE`` writes the passing ``op dtype`` pairs, the list that ``tests/test_opinfo.py`` checks
-(``tests/opinfo/passing_ops_sim.txt``). torch_fl, the device under test, is imported where a tensor first
-moves to it (``to_device``), not with this module.
+``--write-passing FILE`` writes the passing ``op dtype`` pairs, the list that ``tests/ops/test_opinfo.py``
+checks (``tests/ops/passing_ops_sim.txt``). torch_fl, the device under test, is imported where a tensor
+first moves to it (``to_device``), not with this module.
 """
 
 from __future__ import annotations
@@ -599,7 +599,7 @@ def write_passing(path: str, results: list[OpDtypeResult], args) -> None:
     with open(path, "w") as f:
         f.write(
             "# (op, dtype) pairs of PyTorch's OpInfo op_db that pass on flagos (simulated accelerator).\n"
-            "# Checked by tests/test_opinfo.py; regenerate with\n"
+            "# Checked by tests/ops/test_opinfo.py; regenerate with\n"
             f"#   python -m harness.opinfo --dtypes {args.dtypes} --max-samples {args.max_samples} "
             f"--write-passing {path}\n"
         )

@@ -1,7 +1,7 @@
 """Loads this folder's flag_gems as the flaggems backend of the current process (the CPU tests of the
 FlagGems sweeps, ``python -m benchmarks.flaggems_overhead --stand-in``), on the simulated accelerator.
 Processes that should find it through ``import flag_gems`` put this folder first on their ``PYTHONPATH``
-instead (tests/test_flaggems.py)."""
+instead (tests/flaggems/test_flaggems.py)."""
 
 from __future__ import annotations
 
