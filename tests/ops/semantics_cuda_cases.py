@@ -1,9 +1,9 @@
-"""Cases of tests/test_semantics_cuda.py that need cuda's autograd: they run once on flagos in the test
+"""Cases of tests/ops/test_semantics_backed.py that need cuda's autograd: they run once on flagos in the test
 process and once on cuda in a fresh process that never imports torch_fl (a CUDA backward cannot run in a
 process that imported it, pytorch#161129; see harness.processes.run_in_clean_process). This module must not
 import torch_fl.
 
-    python tests/semantics_cuda_cases.py RESULT.pt      # the cuda side: every case, saved to RESULT.pt
+    python tests/ops/semantics_cuda_cases.py RESULT.pt  # the cuda side: every case, saved to RESULT.pt
 """
 
 from __future__ import annotations
