@@ -405,7 +405,8 @@ def run_worker(args) -> int:
 def _empty_inner_dimension_fault(function: str) -> str:
     return (
         f"FlagGems 5.0.2 {function} faults (illegal memory access) on an empty inner dimension, (5, 0) @ "
-        "(0, 10), on CUDA tensors directly too (tests/flaggems_mm_probe.py; tests/test_flaggems_gpu.py)"
+        "(0, 10), on CUDA tensors directly too (tests/flaggems/flaggems_mm_probe.py; "
+        "tests/flaggems/test_flaggems_kernels.py)"
     )
 
 
