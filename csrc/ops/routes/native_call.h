@@ -43,10 +43,11 @@ class NativeCall {
   //   the device guard:     with host kernels, every kind sets the call's flagos device (host kernels'
   //                         allocations go to the current flagos device). With device kernels (backed by
   //                         CUDA), kUnboxedKernel sets none: the unboxed ops' kernels set their device
-  //                         themselves (none is `device_guard: False`; tests/test_unboxed.py checks) and
-  //                         their outputs land on their tensors' device, so a guard would only repeat
-  //                         theirs. kKernel and kPython set the native device: a boxed op may be
-  //                         `device_guard: False`, and Python code may allocate on the current device.
+  //                         themselves (none is `device_guard: False`; tests/ops/routing/test_unboxed.py
+  //                         checks) and their outputs land on their tensors' device, so a guard would
+  //                         only repeat theirs. kKernel and kPython set the native device: a boxed op
+  //                         may be `device_guard: False`, and Python code may allocate on the current
+  //                         device.
   enum Kind : uint8_t { kUnboxedKernel, kKernel, kPython };
 
   // same_device=false for copies, whose tensors may be on different devices (the call's device() is then
