@@ -24,7 +24,8 @@
 # has its share of the CPUs. Every process has its own limit and stops by GPU_DEADLINE_S seconds after the
 # start (550 where OUT is set, as on the lent machine; none otherwise). Carry .whl where the machine lacks
 # FlagGems (scripts/gpu/wheels.sh). GPU_BUILT=1: this tree is built already (torch_fl imports), skip the build.
-# Exit status: 0 when every process passed, 1 otherwise, 2 for a wrong call or a test file no part runs.
+# Exit status: 0 when every process passed, 1 otherwise, 2 for a wrong call, no GPU, or a test file that a part
+# names and that does not exist (every other test file runs in the suite).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 [ -n "${OUT:-}" ] && : "${GPU_DEADLINE_S:=550}"
@@ -86,7 +87,7 @@ _job() {
     return 0
   fi
   log=$part/${name//\//_}.log
-  mkdir -p "$L/$part"
+  mkdir -p "$L/$part" "$TMP_BASE/$part"  # pytest makes its --basetemp, not the folder above it
   run_limited "$(limit_for "$cap")" "$L/$log" env "$@"
   status=$?
   printf '%s\t%s\t%s\t%s\t%s\n' "$part" "$name" "$kind" "$status" "$log" >> "$L/jobs.tsv"
@@ -277,6 +278,7 @@ mkdir -p "$DEST"
 for f in benchmarks/records/*.jsonl; do echo "$(wc -l < "$f") $f"; done > "$L/records-before.txt"
 finish() {
   local f before
+  [ ${#lane_pids[@]} -gt 0 ] && kill "${lane_pids[@]}" 2> /dev/null  # no lane starts another process
   stop_groups
   mkdir -p "$L/records"
   for f in benchmarks/records/*.jsonl; do
@@ -290,6 +292,7 @@ finish() {
     && rm -rf "$L"
   return "$status"
 }
+lane_pids=()
 trap 'finish; exit $?' EXIT
 
 gpu_site || exit 1
@@ -308,6 +311,7 @@ for ((i = 0; i < lanes; i++)); do
     [ "$lanes" -gt 1 ] && command -v taskset > /dev/null && taskset -pc "$(lane_cpus "$i")" $BASHPID > /dev/null
     for part in "${mine[@]}"; do "part_${part//-/_}"; done
   ) &
+  lane_pids+=($!)
 done
 wait
 if [ $multi = 1 ]; then
