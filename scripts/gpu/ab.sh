@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of two builds in one call of the GPU machine (scripts/gpu/README.md): the working tree ("new") against
+# A/B of two builds on one GPU machine, in one call of the lent machine (scripts/gpu/README.md): the working tree ("new") against
 # an older tree ("base", default .ab-base/: `git archive <rev> | tar -x -C .ab-base`, carried with the call; add it
 # to .git/info/exclude). Both are built side by side into /tmp/ab-<name>, then each benchmark command runs
 # for base and new in turn, ROUNDS times, so that machine drift hits both alike:
@@ -10,17 +10,15 @@
 # Logs under $OUT (or ./gpu-logs): ab-<name>-<AB_TAG, default "run"><i>-<round>.log (command i), and the
 # last AB_TAIL lines of each to stdout.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 BASE=${AB_BASE:-.ab-base}
 ROUNDS=${AB_ROUNDS:-2}
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 [ -d "$BASE" ] || { echo "no base tree at $BASE" >&2; exit 2; }
 [ $# -gt 0 ] || { echo "usage: scripts/gpu/ab.sh COMMAND..." >&2; exit 2; }
-export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
+source scripts/gpu/lib.sh
+gpu_site || exit 1
 build() {  # name dir
   rm -rf "/tmp/ab-$1"
   (cd "$2" && python3 -m pip install -q --no-build-isolation --no-deps -C install.strip=false --target "/tmp/ab-$1" .) \
@@ -34,7 +32,7 @@ if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then  # AB_SKIP_BUILD=1: an earlier run in th
   echo "== [$SECONDS s] built"
 fi
 for name in base new; do
-  (cd /tmp && PYTHONPATH=/tmp/ab-$name:/tmp/site python3 -c "import torch_fl; print('$name:', torch_fl.__file__)")
+  (cd /tmp && PYTHONPATH=/tmp/ab-$name:$GPU_SITE python3 -c "import torch_fl; print('$name:', torch_fl.__file__)")
 done
 i=0
 for command in "$@"; do
@@ -45,9 +43,9 @@ for command in "$@"; do
       # The build under test first on the path, the checkout's root (`benchmarks`, `harness`) after it;
       # PYTHONSAFEPATH (Python 3.11+) keeps `python -m` from putting the working directory, the checkout
       # whose torch_fl/ would shadow the build, in front.
-      PYTHONSAFEPATH=1 PYTHONPATH=/tmp/ab-$name:/tmp/site:$PWD bash -c "$command" > "$log" 2>&1
+      PYTHONSAFEPATH=1 PYTHONPATH=/tmp/ab-$name:$GPU_SITE:$PWD bash -c "$command" > "$log" 2>&1
       echo "---- [$SECONDS s] $name, command $i, round $round: $command"
-      tail -${AB_TAIL:-6} "$log"
+      tail -n "${AB_TAIL:-6}" "$log"
     done
   done
 done

@@ -1,215 +1,321 @@
 #!/usr/bin/env bash
-# What the issues ask of the GPU machine, one call per mode (scripts/gpu/README.md):
+# The GPU checks in one command: one build, then the parts asked for side by side, one GPU each
+# (scripts/gpu/README.md).
 #
-#   scripts/gpu/all.sh verify   # ~9 minutes: build, HAL suite, pytest suite on the cuda accelerator but
-#                               # tests/test_compile.py, FlagGems GPU tests, model-shape sweep of the
-#                               # shipped FlagGems config
-#   scripts/gpu/all.sh verify-models  # ~8 minutes: Qwen3 0.6B tests (inference, checkpoints, training;
-#                               # native route and FlagGems config) and tests/test_compile.py on the cuda
-#                               # accelerator (VERIFY_MORE_TESTS: more test files, in a process of their own)
-#   scripts/gpu/all.sh verify-entry   # ~8 minutes: Qwen3 0.6B entry points (demo, benchmarks; both configs),
-#                               # the clean-process training test, tests/models/test_qwen3_compile.py
-#                               # (VERIFY_MORE_TESTS as above). verify, verify-models and verify-entry: the
-#                               # whole suite on one GPU (tests/distributed's GPU tests: multi-gpu)
-#   scripts/gpu/all.sh bench    # ~6 minutes: op overhead, copies, Qwen3 (both configs), FlagGems overhead
-#   scripts/gpu/all.sh compile  # torch.compile (docs/compile.md): tests/test_compile.py on the cuda
-#                               # accelerator, Qwen3 0.6B compiled tests, the compile tests on the simulated
-#                               # accelerator (torch 2.11's Inductor with the C++-kernel adapter), in parallel
-#   scripts/gpu/all.sh compile-bench  # python -m benchmarks.qwen3 --compile, alone on the GPU
-#   scripts/gpu/all.sh compile-time   # benchmarks.compile_time: where flagos's compile time goes beyond
-#                               # cuda's (training step with 4 layers, prefill with all 28), alone on the GPU
-#   scripts/gpu/all.sh multi-gpu  # on 2+ GPUs (nvidia-h200-x2): collective bandwidth 1 MiB-1 GiB, the
-#                               # distributed suite on NCCL, then DDP and FSDP2 Qwen3-0.6B against cuda
-#                               # (benchmarks.distributed --side-by-side: 60 steps each in turns), one
-#                               # pair of launches each; MULTI_GPU_PARTS=train DIST_REPEATS=2: training
-#                               # alone, two pairs each (~5 minutes)
+#   scripts/gpu/all.sh PART...          run them; the summary on stdout, every log in $OUT/gpu_all-<parts>.tgz
+#   scripts/gpu/all.sh --plan PART...   print what would run (every process, its limit) and check that every
+#                                       test file of tests/ is run by a part of `test`; builds nothing
 #
-# The work runs in parallel where the GPU can take it (tests), alone where it measures (benchmarks). Every
-# log goes into one archive, $OUT/gpu_all-<mode>.tgz (the machine returns few files), and a summary to
-# stdout. Carry .whl (scripts/gpu/wheels.sh). Each step has a time limit; overall the call stays under 10
-# minutes. VERIFY_GEMS_CONFIG=<file in torch_fl/configs/> sweeps and tests another FlagGems config.
+# Parts: test (= suite models entry), suite, models, entry, bench, multi-gpu, sim, opinfo:
+#   suite      every test file on the cuda accelerator, one pytest process a file, SUITE_WORKERS (6) at a time;
+#              but the files the parts below run; beside them the FlagGems kernel tests (their mm probe in a
+#              process of its own), the model-shape sweep of the shipped FlagGems config, the C++ suites
+#   models     Qwen3 at the 0.6B shape: inference, checkpoints, training, on the native route and on the FlagGems
+#              config (GEMS_CONFIG); tests/compile/test_compile.py
+#   entry      Qwen3 at the 0.6B shape: the demo and the benchmarks end to end (both configs), the training in a
+#              clean process, the compiled model
+#   bench      the benchmarks with --json, one after another (GPU_BENCH names them; default below)
+#   multi-gpu  on every GPU at once, after the others: collective bandwidth, tests/distributed's GPU tests, DDP
+#              and FSDP2 training side by side with cuda (MULTI_GPU_PARTS, DIST_REPEATS, DIST_TRAIN_ARGS)
+#   sim        every test file with the GPU hidden (the simulated accelerator, as CI runs it)
+#   opinfo     the OpInfo harness, flagos against cuda bitwise, in OPINFO_SHARDS (6) processes
+#
+# With N GPUs the parts go to N lanes, part i to GPU i mod N, the parts of one lane one after another; each lane
+# has its share of the CPUs. Every process has its own limit and stops by GPU_DEADLINE_S seconds after the
+# start (550 where OUT is set, as on the lent machine; none otherwise). Carry .whl where the machine lacks
+# FlagGems (scripts/gpu/wheels.sh). GPU_BUILT=1: this tree is built already (torch_fl imports), skip the build.
+# Exit status: 0 when every process passed, 1 otherwise, 2 for a wrong call, no GPU, or a test file that a part
+# names and that does not exist (every other test file runs in the suite).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-mode=${1:-}
-[[ "$mode" =~ ^(verify|verify-models|verify-entry|bench|compile|compile-bench|compile-time|multi-gpu)$ ]] || {
-  echo "usage: scripts/gpu/all.sh verify|verify-models|verify-entry|bench|compile|compile-bench|compile-time|multi-gpu" >&2
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+[ -n "${OUT:-}" ] && : "${GPU_DEADLINE_S:=550}"
+source scripts/gpu/lib.sh
+
+usage() {
+  echo "usage: scripts/gpu/all.sh [--plan] PART...   parts: test suite models entry bench multi-gpu sim opinfo" >&2
   exit 2
 }
-export PYTHONUNBUFFERED=1
+PLAN=0
+[ "${1:-}" = --plan ] && { PLAN=1; shift; }
+[ $# -gt 0 ] || usage
+parts=()
+for arg in "$@"; do
+  case $arg in
+    test) parts+=(suite models entry) ;;
+    suite | models | entry | bench | multi-gpu | sim | opinfo) parts+=("$arg") ;;
+    *) echo "error: no part '$arg'" >&2; usage ;;
+  esac
+done
+mapfile -t parts < <(printf '%s\n' "${parts[@]}" | awk '!seen[$0]++')
+name=$(IFS=-; echo "$*")
+
+GEMS_CONFIG=${GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
+SUITE_WORKERS=${SUITE_WORKERS:-6}
+GPU_BENCH=${GPU_BENCH:-op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead}
+for bench in $GPU_BENCH; do
+  [[ " op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead qwen3_compile compile_time " \
+    == *" $bench "* ]] || { echo "error: GPU_BENCH: no benchmark '$bench' here" >&2; exit 2; }
+done
+# Test files that run in processes of their own, in the parts that name them; the suite runs every other one.
+compile_tests=tests/compile/test_compile.py
+gems_kernels=tests/flaggems/test_flaggems_kernels.py
+inference=tests/models/test_qwen3_inference.py
+checkpoint=tests/models/test_qwen3_checkpoint.py
+training=tests/models/test_qwen3_training.py
+entry_points=tests/models/test_qwen3_entry_points.py
+compiled_model=tests/models/test_qwen3_compile.py
+own_files=("$compile_tests" "$gems_kernels" "$inference" "$checkpoint" "$training" "$entry_points" "$compiled_model")
+
 L=$(mktemp -d /tmp/gpu_all.XXXX)
-DEST=${OUT:-gpu-logs}
-mkdir -p "$DEST"
-trap 'tar czf "$DEST/gpu_all-$mode.tgz" -C "$L" . && echo "logs: $DEST/gpu_all-$mode.tgz"' EXIT
-left() { echo $(($1 - SECONDS)); }  # seconds until $1 s after the start
-summary() {                           # the lines that say how a pytest log ended
-  echo "---- $1"
-  grep -E "^(FAILED|ERROR)|^E   |passed|failed|Timeout" "$L/$1" | head -${2:-25}
-  grep -qE " in [0-9.]+s" "$L/$1" || echo "(no final line: stopped by its time limit)"
+trap 'rm -rf "$L"' EXIT  # until the run starts: then finish() archives it
+TMP_BASE=/tmp/gpu_pytest.$$
+export GPU_GROUPS_FILE=$L/groups.txt
+COVERED=$L/covered.txt
+: > "$COVERED"
+
+# job PART NAME KIND CAP [VAR=VALUE...] COMMAND...: COMMAND in the background (KIND pytest, file or command),
+# limited to CAP seconds or the deadline, its log $L/PART/NAME.log; what it did goes into $L/jobs.tsv.
+# fg_job: the same in the foreground. In plan mode both only print and note the test files named.
+job() { if [ "$PLAN" = 1 ]; then _job "$@"; else _job "$@" & fi; }
+fg_job() { _job "$@"; }
+_job() {
+  local part=$1 name=$2 kind=$3 cap=$4 log status
+  shift 4
+  if [ "$PLAN" = 1 ]; then
+    printf '%-9s %-44s %5s s  %s\n' "$part" "$name" "$cap" "$*"
+    printf '%s\n' "$@" | grep -E '^tests/.*\.py$' >> "$COVERED"
+    return 0
+  fi
+  log=$part/${name//\//_}.log
+  mkdir -p "$L/$part" "$TMP_BASE/$part"  # pytest makes its --basetemp, not the folder above it
+  run_limited "$(limit_for "$cap")" "$L/$log" env "$@"
+  status=$?
+  printf '%s\t%s\t%s\t%s\t%s\n' "$part" "$name" "$kind" "$status" "$log" >> "$L/jobs.tsv"
+}
+# pytest_job PART NAME CAP [VAR=VALUE...] PYTEST-ARGUMENTS...
+pytest_job() {
+  local part=$1 name=$2 cap=$3 envs=()
+  shift 3
+  while [[ "${1:-}" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do envs+=("$1"); shift; done
+  job "$part" "$name" pytest "$cap" "${envs[@]}" python3 -m pytest "$@" -q -p no:cacheprovider -rfE --tb=short \
+    --durations=8 --basetemp="$TMP_BASE/$part/${name//\//_}"
+}
+# pool PART WORKERS CAP [VAR=VALUE...] -- FILE...: one pytest process a file, WORKERS at a time.
+pool() {
+  local part=$1 workers=$2 cap=$3 envs=() running=0 file
+  shift 3
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  for file in "$@"; do
+    if [ "$PLAN" = 0 ] && [ $running -ge "$workers" ]; then wait -n; running=$((running - 1)); fi
+    pytest_job "$part" "$file" "$cap" "${envs[@]}" "$file" -o faulthandler_timeout=$((cap / 2))
+    running=$((running + 1))
+  done
+  wait
+}
+# The suite's files, the slow folders first so that the pool ends together.
+suite_files() {
+  local own
+  own=$(printf '%s\n' "${own_files[@]}")
+  test_files | grep -vxF "$own" | awk '{ print (/^tests\/(compile|graphs|distributed|extensions|flaggems)\/|opinfo/ ? 0 : 1), $0 }' \
+    | sort -k1,1n -s | cut -d' ' -f2
 }
 
-# GPU_BUILT=1: this tree is built and its HAL suite ran already (earlier in this call, or in an earlier call
-# on the still-warm machine), so two modes can run side by side on a several-GPU machine, one GPU each
-# (scripts/gpu/README.md); started with SECONDS=<seconds already spent>, their limits still end inside the
-# call. Where torch_fl does not import, it builds all the same.
-if [ "${GPU_BUILT:-0}" = 1 ] && python3 -c "import sys; sys.path.insert(0, '/tmp/site'); import torch_fl" 2>/dev/null; then
+part_suite() {
+  local files
+  job suite ctest ctest 300 bash -c "source scripts/gpu/lib.sh && gpu_ctest"
+  mapfile -t files < <(suite_files)
+  if [ "$PLAN" = 1 ]; then
+    pool suite "$SUITE_WORKERS" 480 -- "${files[@]}"
+  else
+    pool suite "$SUITE_WORKERS" 480 -- "${files[@]}" &
+  fi
+  # The mm probe's control compiles FlagGems' mm on a cold Triton cache for minutes: in a process of its own.
+  pytest_job suite "$gems_kernels::mm_probe" 540 "$gems_kernels" -k mm_faults
+  pytest_job suite "$gems_kernels" 540 "$gems_kernels" -k "not mm_faults" -o faulthandler_timeout=200
+  job suite flaggems-model-sweep command 260 OUT="$L/suite" GEMS_CANDIDATE="$GEMS_CONFIG" GEMS_BENCH=0 \
+    GEMS_MODEL_SWEEP_S=200 GEMS_SWEEP_WORKERS=5 scripts/gpu/flaggems.sh
+  wait
+}
+part_models() {
+  local gems=FLAGOS_BACKEND_CONFIG=$PWD/$GEMS_CONFIG shape=FLAGOS_QWEN3_SHAPE=0.6b
+  pytest_job models native 560 "$shape" "$inference" "$checkpoint"
+  pytest_job models native-training 560 "$shape" "$training" -k "not clean_process"
+  pytest_job models flaggems 560 "$shape" "$gems" "$inference" "$checkpoint"
+  pytest_job models flaggems-training 560 "$shape" "$gems" "$training" -k "not clean_process"
+  pytest_job models compile 560 "$compile_tests"
+  wait
+}
+part_entry() {
+  # The clean-process training checks the reference, not the route: the native run covers it.
+  local gems=FLAGOS_BACKEND_CONFIG=$PWD/$GEMS_CONFIG shape=FLAGOS_QWEN3_SHAPE=0.6b
+  pytest_job entry native-demo 560 "$shape" "$entry_points" -k demo
+  pytest_job entry native-benchmarks 560 "$shape" "$entry_points" -k "not demo"
+  pytest_job entry flaggems-demo 560 "$shape" "$gems" "$entry_points" -k demo
+  pytest_job entry flaggems-benchmarks 560 "$shape" "$gems" "$entry_points" -k "not demo"
+  pytest_job entry native-clean-process 560 "$shape" "$training" -k clean_process
+  pytest_job entry compiled 560 "$shape" "$compiled_model"
+  wait
+}
+part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to benchmarks/records/ as it is made
+  local bench
+  for bench in $GPU_BENCH; do
+    case $bench in
+      op_overhead) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --repeats 9 --json ;;
+      transfers) fg_job bench "$bench" command 120 python3 -m benchmarks.transfers --json ;;
+      qwen3) fg_job bench "$bench" command 330 python3 -m benchmarks.qwen3 --repeats 5 \
+        --configs "native,$GEMS_CONFIG" --top-ops 12 --json ;;
+      flaggems_overhead) fg_job bench "$bench" command 60 python3 -m benchmarks.flaggems_overhead --n 200 \
+        --repeats 3 --json ;;
+      flaggems_kernels) fg_job bench "$bench" command 120 python3 -m benchmarks.flaggems_kernels --n 20 \
+        --repeats 3 --json ;;
+      compat_overhead) fg_job bench "$bench" command 120 python3 -m benchmarks.compat_overhead --rounds 5 --json ;;
+      qwen3_compile) fg_job bench "$bench" command 560 python3 -m benchmarks.qwen3 --compile --repeats 3 --json ;;
+      compile_time) fg_job bench "$bench" command 560 python3 -m benchmarks.compile_time --part train --layers 4 \
+        --length 512 --steps 20 --json ;;
+    esac
+  done
+}
+part_multi_gpu() {  # every GPU; NVLink multicast stays off (the lent machines require it; it is not needed)
+  local which=" ${MULTI_GPU_PARTS:-collectives tests train} "
+  if [[ $which == *" collectives "* ]]; then  # 5 alternating rounds, 1 MiB-1 GiB (~30 s)
+    fg_job multi-gpu collectives command 200 python3 -m benchmarks.distributed --parts collectives --repeats 5 \
+      --json benchmarks/records/distributed.jsonl
+  fi
+  if [[ $which == *" tests "* ]]; then  # the NCCL tests at world size 1 and at every GPU
+    pytest_job multi-gpu distributed-tests 400 tests/distributed tests/tools/test_distributed_benchmark.py -m gpu
+    wait
+  fi
+  if [[ $which == *" train "* ]]; then
+    # Qwen3-0.6B DDP and FSDP2, 2x512 tokens a rank (DIST_TRAIN_ARGS="--batch 8 --seq-len 1024": larger),
+    # flagos and cuda launched side by side, 60 timed steps each taken in turns (~70 s a pair of launches).
+    # shellcheck disable=SC2086  # DIST_TRAIN_ARGS: several arguments
+    fg_job multi-gpu train command 585 python3 -m benchmarks.distributed --parts train \
+      --repeats "${DIST_REPEATS:-1}" --steps 65 --side-by-side ${DIST_TRAIN_ARGS:-} \
+      --json benchmarks/records/distributed.jsonl
+  fi
+}
+part_sim() {
+  local files
+  mapfile -t files < <(test_files)
+  pool sim "$SUITE_WORKERS" 480 CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim -- "${files[@]}"
+}
+part_opinfo() {
+  local k shards=${OPINFO_SHARDS:-6}
+  for k in $(seq 0 $((shards - 1))); do
+    job opinfo "shard-$k" command 400 python3 -m harness.opinfo --device-ref cuda --exact \
+      --dtypes float32,float64,bfloat16,int64,bool --shard "$k/$shards" --out "$L/opinfo/opinfo-cuda-$k.json"
+  done
+  wait
+  fg_job opinfo merge command 60 bash -c "python3 -m harness.opinfo --merge $L/opinfo/opinfo-cuda-*.json \
+    --out $L/opinfo/opinfo-cuda.json"
+}
+
+# Every test file must be run by a part of `test`, and every file a part names must exist.
+check_coverage() {
+  local saved_plan=$PLAN missing stale
+  PLAN=1
+  : > "$COVERED"
+  { part_suite; part_models; part_entry; } > /dev/null
+  PLAN=$saved_plan
+  missing=$(comm -23 <(test_files) <(sort -u "$COVERED"))
+  stale=$(comm -13 <(test_files) <(sort -u "$COVERED"))
+  [ -z "$missing" ] && [ -z "$stale" ] && return 0
+  [ -n "$missing" ] && echo "error: test files that no part of 'test' runs: $(echo "$missing" | paste -sd' ')" >&2
+  [ -n "$stale" ] && echo "error: scripts/gpu/all.sh names test files that do not exist: $(echo "$stale" | paste -sd' ')" >&2
+  exit 2
+}
+check_coverage
+
+# The GPUs: CUDA_VISIBLE_DEVICES where set, else every one nvidia-smi lists (GPU_COUNT for --plan).
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
+else
+  count=${GPU_COUNT:-$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')}
+  [ "$PLAN" = 1 ] && [ "$count" -eq 0 ] && count=1
+  mapfile -t gpus < <(seq 0 $((count - 1)))
+fi
+[ ${#gpus[@]} -gt 0 ] || { echo "error: no NVIDIA GPU here (nvidia-smi lists none)" >&2; exit 2; }
+side=()
+multi=0
+for part in "${parts[@]}"; do
+  if [ "$part" = multi-gpu ]; then multi=1; else side+=("$part"); fi
+done
+lanes=$((${#side[@]} < ${#gpus[@]} ? ${#side[@]} : ${#gpus[@]}))
+cpus=$(nproc)
+lane_parts() { local i; for i in "${!side[@]}"; do [ $((i % lanes)) -eq "$1" ] && echo "${side[$i]}"; done; }
+lane_cpus() {  # a lane's share of the CPUs; all of them where there are fewer CPUs than lanes
+  if [ "$cpus" -lt "$lanes" ]; then echo "0-$((cpus - 1))"; else echo "$(($1 * cpus / lanes))-$((($1 + 1) * cpus / lanes - 1))"; fi
+}
+
+# What runs where: every process with its cap; summary.py reads it back to name what did not run.
+print_plan() {
+  local saved_plan=$PLAN i part
+  PLAN=1
+  echo "$(test_files | wc -l) test files, $(suite_files | wc -l) of them in the suite's pool; ${#gpus[@]} GPU(s)"
+  for ((i = 0; i < lanes; i++)); do
+    echo "== GPU ${gpus[$i]}, CPUs $(lane_cpus "$i"): $(lane_parts "$i" | paste -sd' ')"
+    for part in $(lane_parts "$i"); do "part_${part//-/_}"; done
+  done
+  if [ $multi = 1 ]; then
+    echo "== then on every GPU"
+    part_multi_gpu
+  fi
+  PLAN=$saved_plan
+}
+if [ "$PLAN" = 1 ]; then
+  print_plan
+  exit 0
+fi
+print_plan > "$L/plan.txt"
+
+python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+  || { echo "error: torch sees no CUDA GPU here; these checks need one" >&2; exit 2; }
+DEST=${OUT:-gpu-logs}
+mkdir -p "$DEST"
+# The records the benchmarks append to benchmarks/records/ go into the archive's records/ (the tree here is a
+# copy on the lent machine): scripts/gpu/take-records.sh adds them to the checkout's.
+for f in benchmarks/records/*.jsonl; do echo "$(wc -l < "$f") $f"; done > "$L/records-before.txt"
+finish() {
+  local f before
+  [ ${#lane_pids[@]} -gt 0 ] && kill "${lane_pids[@]}" 2> /dev/null  # no lane starts another process
+  stop_groups
+  mkdir -p "$L/records"
+  for f in benchmarks/records/*.jsonl; do
+    before=$(awk -v f="$f" '$2 == f { print $1 }' "$L/records-before.txt")
+    [ "$(wc -l < "$f")" -gt "${before:-0}" ] && tail -n +$((${before:-0} + 1)) "$f" > "$L/records/${f##*/}"
+  done
+  python3 scripts/gpu/summary.py "$L" | tee "$L/summary.txt" "$DEST/gpu_all-$name-summary.txt"
+  local status=${PIPESTATUS[0]}
+  rm -rf "$TMP_BASE"
+  tar czf "$DEST/gpu_all-$name.tgz" --exclude=covered.txt -C "$L" . && echo "logs: $DEST/gpu_all-$name.tgz" \
+    && rm -rf "$L"
+  return "$status"
+}
+lane_pids=()
+trap 'finish; exit $?' EXIT
+
+gpu_site || exit 1
+if [ "${GPU_BUILT:-0}" = 1 ] && python3 -c "import torch_fl" 2> /dev/null; then
   echo "== [$SECONDS s] built already (GPU_BUILT=1)"
 else
-  OUT=$L scripts/gpu/check.sh build ctest 2>&1 | tail -3
+  echo "== [$SECONDS s] build"
+  gpu_build "$L" || exit 1
 fi
-python3 -c "import sys; sys.path.insert(0, '/tmp/site'); import torch_fl" \
-  || { echo "build failed"; tail -40 "$L/build.log"; exit 1; }
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} GPU_SKIP_INSTALL=1 GEMS_SKIP_INSTALL=1
-models=(tests/models/test_qwen3_inference.py tests/models/test_qwen3_checkpoint.py tests/models/test_qwen3_entry_points.py)
-
-if [ "$mode" = verify ]; then
-  config=${VERIFY_GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
-  echo "== [$SECONDS s] in parallel: pytest suite but test_compile.py (5 processes), FlagGems sweep then tests"
-  OUT=$L CUDA_SUITE_SHARDS=5 CUDA_SUITE_TIMEOUT=440 CUDA_SUITE_SKIP=test_compile.py scripts/gpu/check.sh cuda \
-    > "$L/suite.out" 2>&1 &
-  OUT=$L GEMS_CANDIDATE=$config GEMS_BENCH=0 GEMS_MODEL_SWEEP_S=200 GEMS_SWEEP_WORKERS=5 \
-    scripts/gpu/flaggems.sh > "$L/flaggems.out" 2>&1 &
-  # The mm probe's control compiles FlagGems' mm on a cold Triton cache for minutes: in a process of its
-  # own, or the tests after it in the file do not finish in the call.
-  timeout $(left 540) python3 -m pytest tests/test_flaggems_gpu.py -k mm_faults -q -p no:cacheprovider -rfE \
-    --tb=short > "$L/flaggems-gpu-mm-probe.log" 2>&1 &
-  timeout $(left 540) python3 -m pytest tests/test_flaggems_gpu.py -k "not mm_faults" -q -p no:cacheprovider \
-    -rfEX --tb=short --durations=10 -o faulthandler_timeout=200 > "$L/flaggems-gpu.log" 2>&1
-  wait
-  echo "== [$SECONDS s] done"
-  echo "---- pytest suite: $(grep -cE " in [0-9.]+s" "$L/pytest-cuda.log") of 5 processes finished"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$L/pytest-cuda.log" | head -25
-  summary flaggems-gpu.log; summary flaggems-gpu-mm-probe.log
-  echo "---- model-shape sweep of $config"; grep -E "flaggems_model_sweep \[" "$L/flaggems.out" | tail -2
-  exit 0
+export GPU_SKIP_INSTALL=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+for ((i = 0; i < lanes; i++)); do
+  mapfile -t mine < <(lane_parts "$i")
+  echo "== [$SECONDS s] GPU ${gpus[$i]}, CPUs $(lane_cpus "$i"): ${mine[*]}"
+  (
+    export CUDA_VISIBLE_DEVICES=${gpus[$i]}
+    [ "$lanes" -gt 1 ] && command -v taskset > /dev/null && taskset -pc "$(lane_cpus "$i")" $BASHPID > /dev/null
+    for part in "${mine[@]}"; do "part_${part//-/_}"; done
+  ) &
+  lane_pids+=($!)
+done
+wait
+if [ $multi = 1 ]; then
+  echo "== [$SECONDS s] multi-gpu on ${#gpus[@]} GPU(s)"
+  CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${gpus[*]}") part_multi_gpu
 fi
-
-if [ "$mode" = verify-models ] || [ "$mode" = verify-entry ]; then
-  config=${VERIFY_GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
-  # Two calls: in one (eight processes) the entry points and the clean-process test were cut at 560 s on
-  # the H100 and on the H200 (2026-11-27). The model tests are host-bound; the entry points (demo,
-  # benchmarks) and the clean-process training test are the long ones (100-350 s each). The clean-process
-  # test checks the reference, not the route: the native run covers it.
-  gems=(env FLAGOS_BACKEND_CONFIG=$PWD/$config)
-  logs=()
-  run_models() {  # log, then the command's words (pytest arguments, a leading env for the FlagGems config)
-    local log=$1; shift
-    logs+=("$log")
-    FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) "$@" -q -p no:cacheprovider -rfE --tb=short --durations=8 \
-      > "$L/$log.log" 2>&1 &
-  }
-  ep=tests/models/test_qwen3_entry_points.py training=tests/models/test_qwen3_training.py
-  if [ "$mode" = verify-models ]; then
-    echo "== [$SECONDS s] in parallel: Qwen3 0.6B tests (native; training; FlagGems config), test_compile.py"
-    run_models models-native python3 -m pytest "${models[@]:0:2}"
-    run_models models-native-training python3 -m pytest $training -k "not clean_process"
-    run_models models-flaggems "${gems[@]}" python3 -m pytest "${models[@]:0:2}"
-    run_models models-flaggems-training "${gems[@]}" python3 -m pytest $training -k "not clean_process"
-    logs+=(compile-cuda)
-    timeout $(left 560) python3 -m pytest tests/test_compile.py -q -p no:cacheprovider -rfE --tb=short \
-      --durations=10 > "$L/compile-cuda.log" 2>&1 &
-  else
-    echo "== [$SECONDS s] in parallel: Qwen3 0.6B entry points (both configs), clean-process training, compiled"
-    # Each config's entry points in two processes (demo; benchmarks): in one, 8 of the 11 took the whole
-    # 476 s they had on the H200 (2026-11-27).
-    run_models models-native-demo python3 -m pytest $ep -k demo
-    run_models models-native-benchmarks python3 -m pytest $ep -k "not demo"
-    run_models models-native-clean python3 -m pytest $training -k clean_process
-    run_models models-flaggems-demo "${gems[@]}" python3 -m pytest $ep -k demo
-    run_models models-flaggems-benchmarks "${gems[@]}" python3 -m pytest $ep -k "not demo"
-    run_models models-compiled python3 -m pytest tests/models/test_qwen3_compile.py
-  fi
-  if [ -n "${VERIFY_MORE_TESTS:-}" ]; then
-    logs+=(more)
-    timeout $(left 560) python3 -m pytest $VERIFY_MORE_TESTS -q -p no:cacheprovider -rfE --tb=short \
-      --durations=5 > "$L/more.log" 2>&1 &
-  fi
-  wait
-  pkill -f harness._clean_process_main || true
-  echo "== [$SECONDS s] done"
-  for log in "${logs[@]}"; do
-    summary $log.log
-  done
-  exit 0
-fi
-
-if [ "$mode" = compile ]; then
-  echo "== [$SECONDS s] in parallel: compile tests (cuda), Qwen3 0.6B compiled, compile tests (sim, GPU hidden)"
-  timeout $(left 560) python3 -m pytest tests/test_compile.py -q -p no:cacheprovider -rfEs --tb=short \
-    --durations=10 > "$L/compile-cuda.log" 2>&1 &
-  FLAGOS_QWEN3_SHAPE=0.6b timeout $(left 560) python3 -m pytest tests/models/test_qwen3_compile.py -q \
-    -p no:cacheprovider -rfE --tb=short --durations=5 > "$L/compile-qwen3-0.6b.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES= FLAGOS_ACCELERATOR=sim timeout $(left 560) python3 -m pytest tests/test_compile.py \
-    tests/models/test_qwen3_compile.py -q -p no:cacheprovider -rfE --tb=short --durations=5 \
-    > "$L/compile-sim.log" 2>&1
-  wait
-  echo "== [$SECONDS s] done"
-  summary compile-cuda.log; summary compile-qwen3-0.6b.log; summary compile-sim.log
-  exit 0
-fi
-if [ "$mode" = compile-bench ]; then
-  echo "== [$SECONDS s] Qwen3 under torch.compile, flagos against cuda, alone on the GPU"
-  timeout $(left 570) python3 -m benchmarks.qwen3 --compile --repeats 3 2>&1 | grep -v USDT \
-    | tee "$L/qwen3-compile.log" | tail -30
-  pkill -f harness._clean_process_main || true
-  echo "== [$SECONDS s] done"
-  exit 0
-fi
-if [ "$mode" = compile-time ]; then
-  echo "== [$SECONDS s] first compiled calls, flagos against cuda, fresh processes, empty caches"
-  timeout $(left 330) python3 -m benchmarks.compile_time --part train --layers 4 --length 512 --steps 20 \
-    2>&1 | grep -v USDT \
-    | tee "$L/compile-time-train.log" | tail -70
-  timeout $(left 580) python3 -m benchmarks.compile_time --part prefill --length 512 2>&1 | grep -v USDT \
-    | tee "$L/compile-time-prefill.log" | tail -45
-  echo "== [$SECONDS s] done"
-  exit 0
-fi
-if [ "$mode" = multi-gpu ]; then
-  # NVLink multicast stays off on the lent machines (the device notes): also in every process started here.
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  # MULTI_GPU_PARTS (default "collectives tests train") picks parts: "train" alone leaves the whole call
-  # to the training (DIST_REPEATS=2: ~5 minutes, two pairs of launches of each strategy).
-  parts=${MULTI_GPU_PARTS:-collectives tests train}
-  echo "== [$SECONDS s] $gpus GPUs: $parts"
-  nvidia-smi topo -m > "$L/topology.txt" 2>&1 || true
-  if [[ " $parts " == *" collectives "* ]]; then
-    # 5 alternating rounds (~30 s; at 16 MiB one round moves the ratio by up to 30%).
-    timeout $(left 200) python3 -m benchmarks.distributed --parts collectives --repeats 5 \
-      --json "$L/collectives.json" 2>&1 | grep -v USDT | tee "$L/collectives.log" \
-      | grep -E "^\||^#|lowest|FAILED|Error|exit code|stopped" | head -30
-  fi
-  if [[ " $parts " == *" tests "* ]]; then
-    # test_benchmark.py's GPU case is the benchmark's training part, which runs below with 20 steps.
-    echo "== [$SECONDS s] tests/distributed/test_nccl_gpu.py"
-    timeout $(left 350) python3 -m pytest tests/distributed/test_nccl_gpu.py \
-      -q -p no:cacheprovider -rfEs --tb=short --durations=8 > "$L/dist-tests.log" 2>&1
-    summary dist-tests.log
-  fi
-  [[ " $parts " == *" train "* ]] || { echo "== [$SECONDS s] done"; exit 0; }
-  # DDP and FSDP2 of Qwen3-0.6B, 2x512 tokens a rank (DIST_TRAIN_ARGS="--batch 8 --seq-len 1024" for the
-  # larger size), flagos and cuda launched side by side, 60 timed steps each in turns (~70 s a pair of
-  # launches; DIST_REPEATS=2 needs the time of the tests above: run it in a call of its own), local rank i
-  # of both on the same CPUs (--bind-cpus, default numa: a share of its GPU's NUMA node's CPUs).
-  # DIST_HOST_DIFF=N launches them one after the other instead (20 steps) and lists the N events where
-  # flagos's host time per step goes beyond cuda's.
-  echo "== [$SECONDS s] training"
-  if [ "${DIST_HOST_DIFF:-0}" -gt 0 ]; then
-    how=(--steps 20 --host-diff "$DIST_HOST_DIFF")
-  else
-    how=(--steps 65 --side-by-side)
-  fi
-  timeout $(left 585) python3 -m benchmarks.distributed --parts train --repeats ${DIST_REPEATS:-1} "${how[@]}" \
-    ${DIST_TRAIN_ARGS:-} --json "$L/distributed.json" 2>&1 | grep -v USDT | tee "$L/distributed.log" \
-    | grep -E "^\||^#|losses|FAILED|Error|exit code|stopped" | head -80
-  echo "== [$SECONDS s] done"
-  exit 0
-fi
-
-echo "== [$SECONDS s] benchmarks, alone on the GPU"
-OUT=$L scripts/gpu/check.sh bench 2>&1 | tail -40
-timeout 330 python3 -m benchmarks.qwen3 --repeats 5 --configs native,torch_fl/configs/flaggems_cuda.conf \
-  --top-ops 12 2>&1 | grep -v USDT | tee "$L/qwen3.log" | tail -50
-pkill -f harness._clean_process_main || true
-timeout 45 python3 -m benchmarks.flaggems_overhead --n 200 --repeats 3 2>&1 | tee "$L/flaggems_overhead.log"
 echo "== [$SECONDS s] done"

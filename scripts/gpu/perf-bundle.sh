@@ -10,12 +10,13 @@
 # Frame-pointer call graphs (-g) only: reports of DWARF call graphs (--call-graph dwarf) took over two
 # minutes each there and ran a call out of its time. torch_fl's release build omits frame pointers, so
 # its frames break those call graphs (the flat profile is still right): for call graphs through torch_fl
-# build it with them, `CMAKE_ARGS="-DCMAKE_CXX_FLAGS=-fno-omit-frame-pointer" scripts/gpu/check.sh build`
-# (scikit-build-core passes CMAKE_ARGS to CMake). About 28 MiB (libperl and libpython are most of it).
+# build it with them: `CMAKE_ARGS="-DCMAKE_CXX_FLAGS=-fno-omit-frame-pointer"` in the environment of the
+# build (scripts/gpu/all.sh's, or pip install -e .; scikit-build-core passes CMAKE_ARGS to CMake).
+# About 28 MiB (libperl and libpython are most of it).
 #
 # Usage: scripts/gpu/perf-bundle.sh     (needs perf here: apt-get install linux-perf)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 perf=$(command -v perf) || { echo "error: no perf on this machine (apt-get install linux-perf)" >&2; exit 1; }
 git check-ignore -q .perf/ || { echo "error: .perf/ is not git-ignored; add '/.perf/' to .gitignore" >&2; exit 1; }
 rm -rf .perf && mkdir -p .perf/lib

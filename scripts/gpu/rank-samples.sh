@@ -15,22 +15,19 @@
 # RANK_SAMPLES_STEPS (90); ranks on CPUs 0-15 and 16-31, as --bind-cpus numa gives on the lent VM. Outputs
 # (reports, logs) in $OUT/rank-samples.tgz; the summary on stdout. About 3 minutes.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 strategy=${1:-ddp}
 [[ "$strategy" =~ ^(ddp|fsdp2)$ ]] || { echo "usage: scripts/gpu/rank-samples.sh [ddp|fsdp2]" >&2; exit 2; }
 [ -x .perf/perf ] || { echo "error: no .perf/perf (scripts/gpu/perf-bundle.sh, then carry .perf)" >&2; exit 2; }
 seconds=${RANK_SAMPLES_SECONDS:-8}
 steps=${RANK_SAMPLES_STEPS:-90}
-export PYTHONUNBUFFERED=1
+source scripts/gpu/lib.sh
 R=$(mktemp -d /tmp/rank-samples.XXXX)
 DEST=${OUT:-gpu-logs}
 mkdir -p "$DEST"
 trap 'tar czf "$DEST/rank-samples.tgz" --exclude="*.data" -C "$R" . && echo "logs: $DEST/rank-samples.tgz"' EXIT
 
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+gpu_site || exit 1
 rm -rf build
 python3 -m pip install -q --no-build-isolation --no-deps -C install.strip=false -e . > "$R/build.log" 2>&1 \
   || { echo "build failed"; tail -30 "$R/build.log"; exit 1; }

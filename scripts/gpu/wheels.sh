@@ -16,7 +16,7 @@
 #
 # Usage: scripts/gpu/wheels.sh        (idempotent: keeps wheels already downloaded)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 
 WHEELS=(
   "flag-gems==5.0.2"
