@@ -21,7 +21,7 @@ if (major, minor) < (2, 11):
 PY
 
 # Build requirements (no build isolation, so the build sees the installed torch) and test requirements.
-"$PYTHON" -m pip install -q "scikit-build-core>=0.10" ninja "pytest>=8" numpy expecttest
+"$PYTHON" -m pip install -q "scikit-build-core>=0.10" ninja "pytest>=8" "pytest-xdist>=3.2" numpy expecttest
 
 # Hugging Face transformers for the Qwen3 demo, benchmark and tests/models. Its own requirements, and
 # accelerate's (device_map="flagos"), both list torch: install them with --no-deps, and their runtime

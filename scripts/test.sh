@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs torch_fl (scripts/install.sh), runs the C++ suites (ctest: the HAL's, and the
-# core library's without Python) and the Python suite (pytest). Extra arguments go to pytest, e.g. `scripts/test.sh -m gpu`.
+# core library's without Python) and the Python suite (pytest). Extra arguments go to pytest, e.g.
+# `scripts/test.sh -m gpu`. pytest runs in TEST_WORKERS processes (pytest-xdist; default: the CPU count, at
+# most 4; 0 runs it in this process), each taking the next test when it is free (--dist worksteal), so the
+# few long tests overlap the many short ones.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
@@ -25,5 +28,11 @@ cmake -S tests/cpp/standalone -B build/hal-tests -G Ninja -DCMAKE_BUILD_TYPE=Rel
 cmake --build build/hal-tests
 ctest --test-dir build/hal-tests --output-on-failure
 
-echo "[torch_fl] Python: pytest"
-"$PYTHON" -m pytest tests "$@"
+workers=${TEST_WORKERS:-$(nproc)}
+[ "${TEST_WORKERS:-}" ] || [ "$workers" -le 4 ] || workers=4
+echo "[torch_fl] Python: pytest ($workers workers)"
+if [ "$workers" -gt 0 ]; then
+  "$PYTHON" -m pytest tests -n "$workers" --dist worksteal "$@"
+else
+  "$PYTHON" -m pytest tests "$@"
+fi
