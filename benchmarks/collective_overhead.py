@@ -155,8 +155,8 @@ def main(argv=None) -> int:
                     calls = {name: backend_call_of(op, numel, d, fakes[name]) for name, d in devices.items()}
                 times = paired_rounds(
                     {
-                        name: lambda name=name: us_per_call(calls[name], devices[name], args.n)
-                        for name in calls
+                        name: lambda call=call, device=devices[name]: us_per_call(call, device, args.n)
+                        for name, call in calls.items()
                     },
                     args.repeats,
                 )
