@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 def record_medians(rec, ops: int, on_stand_in: bool, direct: tuple, through_torch: tuple) -> None:
     """The records of the medians: against FlagGems' bare function, and against FlagGems through torch
     where that was measured; each (ratios, differences in us) over the ops."""
-    what = f"{ops} ops on tiny tensors" + (", stand-in FlagGems" if on_stand_in else "")
+    what = f"{ops} ops on tiny tensors" + (", stand-in" if on_stand_in else "")
     for name, baseline, against, (ratios, diffs) in (
         ("vs_direct", "FlagGems' function", "FlagGems' bare function", direct),
         ("vs_torch", "FlagGems via torch", "FlagGems registered for cuda", through_torch),
