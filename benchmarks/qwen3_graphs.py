@@ -232,7 +232,7 @@ def graphs_main(
         if row in rows and baseline in rows:
             ratio = rows[row] / rows[baseline]
             print(f"  {label:<58} {ratio:10.2f}")
-            what = f"{label}: static-cache decode, batch 1, {new_tokens} tokens, median of {repeats}"
+            what = f"{label}, static-cache decode of {new_tokens} tokens, median of {repeats}"
             rec.add(f"{shape_id}{metric}_speed_ratio", ratio, "speed ratio", detail=what, baseline=named)
     for note in notes:
         print(f"  note: {note}")
