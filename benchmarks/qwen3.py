@@ -41,10 +41,10 @@ run cut short after the reference's training goes on with flagos's. The report s
 of one after the other, on the same GPU and CPUs, and once both have compiled, their timed steps take turns
 in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``harness.processes.Turns``), so that
 only one runs at a time and each block of one device has a block of the other beside it: the pairs of block medians give
-a paired ratio. A compiled training step at the 0.6b shape waits on the host, and it wandered between 33
-and 64 ms a step within minutes on both devices on an H200; run one after the other, or at the
-same time on two GPUs, the two devices met different host states (the GPU and CPUs a process ran on
-mattered more than the device). With ``--train-results``, saved runs are taken only where both devices'
+a paired ratio. A compiled training step at the 0.6b shape waits on the host, and its time wanders (33-64
+ms a step on an H200) within minutes on both devices; run one after the other, or at the same time on two
+GPUs, the two devices meet different host states (the GPU and CPUs a process runs on matter more than the
+device). With ``--train-results``, saved runs are taken only where both devices'
 are there (a side-by-side pair is run again together).
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
