@@ -38,8 +38,8 @@ def geomean(values: Iterable[float]) -> float:
 
 def round_order(sides: Sequence[T], r: int) -> list[T]:
     """The order of round ``r`` (any integer, warm-up rounds may count from below 0): ``sides`` rotated by
-    ``r``; for two sides, as given in even rounds and swapped in odd ones."""
-    k = r % len(sides)
+    ``r``; for two sides, as given in even rounds and swapped in odd ones (none: none)."""
+    k = r % len(sides) if sides else 0
     return [*sides[k:], *sides[:k]]
 
 

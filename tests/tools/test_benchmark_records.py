@@ -215,6 +215,7 @@ def test_paired_rounds_rotate_the_sides_and_ratios_summarise():
     assert rounds == {"a": [1, 4, 5], "b": [2, 3, 6]}
     assert common.round_order(["x", "y", "z"], 1) == ["y", "z", "x"]
     assert common.round_order(["fl", "ref"], -1) == ["ref", "fl"]
+    assert common.round_order([], 3) == []  # qwen3: both sides train in processes of their own
     ratio = common.Ratio.of(common.ratios([2.0, 3.0, 6.0], [2.0, 2.0, 2.0]))
     assert (ratio.median, ratio.range, ratio.count) == (1.5, (1.0, 3.0), 3)
     assert ratio.text() == "1.50  (1.00-3.00 over 3)"
