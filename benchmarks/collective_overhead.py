@@ -20,7 +20,10 @@ the figures that matter come from a GPU.
 (``allreduce``, ``_allgather_base``, ``_reduce_scatter_base``, then ``wait()``), torch's
 ``FakeProcessGroup`` (which completes every call at once) on native tensors against the flagos backend
 wrapped around one on flagos tensors. No communication runs, so the difference is the wrapper's checks,
-aliases and work object alone, on any accelerator (the 2x H200 machine, 2026-11-27: none measurable).
+aliases and work object alone, on any accelerator.
+
+Records (``--json``): the median over the ops and sizes of the per-case ratios (their range) and of the
+microseconds flagos adds a call; with ``--inner fake`` under ids of their own (``fake_...``).
 
     python -m benchmarks.collective_overhead --inner fake [--n 20000]
 """
@@ -28,7 +31,6 @@ aliases and work object alone, on any accelerator (the 2x H200 machine, 2026-11-
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -36,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 import torch_fl  # noqa: F401  (registers the flagos device and its c10d backend)
-from benchmarks.common import synchronize
+from benchmarks import records
+from benchmarks.common import Ratio, median, paired_rounds, ratios, synchronize
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -54,6 +57,7 @@ def parse_args(argv=None):
         help="real: the process group's inner backend (NCCL, gloo); fake: torch's FakeProcessGroup, to "
         "time the flagos backend's own work",
     )
+    records.add_json_argument(p)
     args = p.parse_args(argv)
     args.ops = [op for op in args.ops.split(",") if op]
     unknown = [op for op in args.ops if op not in OPS]
@@ -118,6 +122,7 @@ def us_per_call(call, device: torch.device, n: int) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     native = torch_fl._C._backing_type() or "cpu"  # the device type under flagos
     torch.flagos.set_device(0)
     devices = {"flagos": torch.device("flagos", 0)}
@@ -140,6 +145,7 @@ def main(argv=None) -> int:
             f"{args.n} calls a loop, {args.repeats} rounds; us per call, medians"
         )
         print(f"{'op':16s} {'size':>9s} {native:>9s} {'flagos':>9s} {'ratio':>7s} {'diff us':>8s}")
+        case_ratios, added = [], []
         for op in args.ops:
             for nbytes in args.sizes:
                 numel = max(1, nbytes // 4)
@@ -147,17 +153,41 @@ def main(argv=None) -> int:
                     calls = {name: call_of(op, numel, d) for name, d in devices.items()}
                 else:
                     calls = {name: backend_call_of(op, numel, d, fakes[name]) for name, d in devices.items()}
-                times = {name: [] for name in devices}
-                for r in range(args.repeats):
-                    order = ["flagos", "native"] if r % 2 == 0 else ["native", "flagos"]
-                    for name in order:
-                        times[name].append(us_per_call(calls[name], devices[name], args.n))
-                ratio = statistics.median(
-                    f / c for f, c in zip(times["flagos"], times["native"], strict=True)
+                times = paired_rounds(
+                    {
+                        name: lambda call=call, device=devices[name]: us_per_call(call, device, args.n)
+                        for name, call in calls.items()
+                    },
+                    args.repeats,
                 )
-                flagos, ref = statistics.median(times["flagos"]), statistics.median(times["native"])
+                ratio = median(ratios(times["flagos"], times["native"]))
+                flagos, ref = median(times["flagos"]), median(times["native"])
+                case_ratios.append(ratio)
+                added.append(flagos - ref)
                 size = f"{nbytes // 1024} KiB" if nbytes >= 1024 else f"{nbytes} B"
                 print(f"{op:16s} {size:>9s} {ref:9.2f} {flagos:9.2f} {ratio:7.3f} {flagos - ref:8.2f}")
+        summary = Ratio.of(case_ratios)
+        print(
+            f"median over {summary.count} cases: ratio {summary.text(3)}, difference {median(added):.2f} us"
+        )
+        prefix = "fake_" if fakes is not None else ""
+        cases = f"{len(args.ops)} op(s) x {len(args.sizes)} size(s) ({args.sizes_kib} KiB), world size 1"
+        baseline = {"fake": "FakeProcessGroup", "real": f"{native} ({inner})"}[args.inner]
+        rec.add(
+            f"{prefix}median_ratio",
+            summary.median,
+            "time ratio",
+            range=summary.range,
+            detail=f"a collective call, {cases}: median of the per-case ratios",
+            baseline=baseline,
+        )
+        rec.add(
+            f"{prefix}median_added_us",
+            median(added),
+            "us added",
+            detail=f"a collective call, {cases}: median time flagos adds",
+            baseline=baseline,
+        )
     finally:
         if fakes is None:
             dist.destroy_process_group()

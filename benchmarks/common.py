@@ -1,18 +1,86 @@
-"""What the benchmarks share: device synchronisation and the timing of Qwen3's steps and first calls.
+"""What the benchmarks share: device synchronisation, paired rounds, medians and ratios, and the timing of
+Qwen3's steps and first calls.
 
-The timing functions run where the benchmark needs them: in its own process, or in a clean one
+Paired rounds: a benchmark comparing flagos with a baseline measures each side once per round, the sides'
+order rotating from round to round (two sides: AB, BA, AB, ...), so that a drift of the machine over the
+run (other load, clocks, caches) falls on every side alike and each round gives a ratio of its own;
+``paired_rounds`` runs them, ``median`` and ``Ratio`` summarise them. Every benchmark takes its medians
+from here.
+
+The Qwen3 timing functions run where the benchmark needs them: in its own process, or in a clean one
 (``harness.processes.run_in_clean_process("benchmarks.common:time_train_steps", ...)``). Importing this
 module does not import torch_fl, so that a reference process never does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import torch
 
 from harness.processes import Turns
 from harness.qwen3 import compiled_train_step, copy_to, greedy_generate, train_step
+
+T = TypeVar("T")
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(values)
+
+
+def geomean(values: Iterable[float]) -> float:
+    return statistics.geometric_mean(values)
+
+
+def round_order(sides: Sequence[T], r: int) -> list[T]:
+    """The order of round ``r`` (any integer, warm-up rounds may count from below 0): ``sides`` rotated by
+    ``r``; for two sides, as given in even rounds and swapped in odd ones (none: none)."""
+    k = r % len(sides) if sides else 0
+    return [*sides[k:], *sides[:k]]
+
+
+def paired_rounds(measures: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
+    """``repeats`` rounds of one call of each of ``measures`` (side -> its measurement), in
+    ``round_order``: side -> its measurements, round by round."""
+    results: dict[str, list[T]] = {name: [] for name in measures}
+    for r in range(repeats):
+        for name in round_order(list(measures), r):
+            results[name].append(measures[name]())
+    return results
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Round by round: each numerator over the denominator of its round."""
+    return [a / b for a, b in zip(numerators, denominators, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """The median of ratios and their range: ``Ratio.of(ratios)``, the pairs' or rounds' (or the cases')."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Ratio:
+        values = list(values)
+        if not values:
+            raise ValueError("no ratios to summarise")
+        return cls(median(values), min(values), max(values), len(values))
+
+    @property
+    def range(self) -> tuple[float, float]:
+        return self.low, self.high
+
+    def text(self, digits: int = 2) -> str:
+        """``1.06  (1.02-1.09 over 9)``: the median, then the range and how many ratios it spans."""
+        return f"{self.median:.{digits}f}  ({self.low:.2f}-{self.high:.2f} over {self.count})"
 
 
 def synchronize(device: str | torch.device) -> None:

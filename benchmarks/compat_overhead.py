@@ -11,13 +11,16 @@
    torch.autograd.profiler.profile(use_device="flagos") (the stubs: two events per op). Target for "off": no
    measurable cost.
 
-    python -m benchmarks.compat_overhead [--n 20000] [--rounds 7] [--op-n 2000]
+Rounds rotate the order of what they compare (benchmarks.common.paired_rounds). Records (``--json``): the
+median nanoseconds the layer adds; each profiler mode's time over the profiler off.
+
+    python -m benchmarks.compat_overhead [--n 20000] [--rounds 7] [--op-n 2000] [--json [FILE]]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
 import timeit
 
@@ -26,6 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import torch_fl
 import torch_fl.compat
+from benchmarks import records
+from benchmarks.common import median, paired_rounds
 
 
 def per_call_ns(fn, n: int) -> float:
@@ -59,19 +64,25 @@ def compat_cases():
 
 
 def bench_compat(n: int, rounds: int) -> list[tuple[str, float, float]]:
+    """(name, ns per call without the layer, with it) of each case: medians of ``rounds`` rounds, each
+    timing every case without the layer and with it, in turns."""
     cases = compat_cases()
-    off = {name: [] for name, _, _ in cases}
-    on = {name: [] for name, _, _ in cases}
-    for _ in range(rounds):
-        for name, _, without in cases:
-            off[name].append(per_call_ns(without, n))
+
+    def without_layer() -> dict[str, float]:
+        return {name: per_call_ns(without, n) for name, _, without in cases}
+
+    def with_layer() -> dict[str, float]:
         torch_fl.compat.enable_cuda()
         try:
-            for name, with_layer, _ in cases:
-                on[name].append(per_call_ns(with_layer, n))
+            return {name: per_call_ns(call, n) for name, call, _ in cases}
         finally:
             torch_fl.compat.disable_cuda()
-    return [(name, statistics.median(off[name]), statistics.median(on[name])) for name, _, _ in cases]
+
+    times = paired_rounds({"off": without_layer, "on": with_layer}, rounds)
+    return [
+        (name, median(r[name] for r in times["off"]), median(r[name] for r in times["on"]))
+        for name, _, _ in cases
+    ]
 
 
 def bench_profiler(n: int, rounds: int) -> list[tuple[str, float]]:
@@ -107,26 +118,41 @@ def bench_profiler(n: int, rounds: int) -> list[tuple[str, float]]:
             lambda: torch.autograd.profiler.profile(use_device="flagos"),
         )
     )
-    results = {name: [] for name, _ in modes}
+
+    def under(context) -> float:
+        if context is None:
+            return op_us()
+        with context():
+            return op_us()
+
     op_us()  # warm-up
-    for _ in range(rounds):
-        for name, context in modes:
-            if context is None:
-                results[name].append(op_us())
-            else:
-                with context():
-                    results[name].append(op_us())
-    return [(name, statistics.median(values)) for name, values in results.items()]
+    results = paired_rounds({name: lambda c=context: under(c) for name, context in modes}, rounds)
+    return [(name, median(values)) for name, values in results.items()]
 
 
-def main() -> None:
+PROFILER_METRICS = {  # mode -> (metric, what the record says it times)
+    "profile(CPU)": ("profiler_cpu_time_ratio", "a flagos add inside profile(CPU)"),
+    "profile(CPU, PrivateUse1)": (
+        "profiler_device_time_ratio",
+        "a flagos add inside profile(CPU, PrivateUse1)",
+    ),
+    "autograd profile(use_device='flagos')": (
+        "autograd_profiler_time_ratio",
+        "a flagos add inside autograd.profiler.profile(use_device='flagos')",
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=20000, help="calls per timing (compat)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--op-n", type=int, default=2000, help="ops per timing (profiler)")
-    args = parser.parse_args()
+    records.add_json_argument(parser)
+    args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     print(f"torch {torch.__version__}, torch_fl {torch_fl.__version__}, accelerator {torch_fl.accelerator()}")
 
     if torch.cuda.is_available():
@@ -138,14 +164,25 @@ def main() -> None:
         for name, off, on in bench_compat(args.n, args.rounds):
             added.append(on - off)
             print(f"{name:34s} {off:9.0f} {on:9.0f} {on - off:+8.0f}")
-        print(f"median added: {statistics.median(added):+.0f} ns (target < 200)")
+        print(f"median added: {median(added):+.0f} ns (target < 200)")
+        rec.add(
+            "compat_median_added_ns",
+            round(median(added)),
+            "ns added",
+            detail="torch_fl.compat: cuda spellings (device queries, .to('cuda'), ...) against flagos's, median",
+            baseline="flagos spelling",
+        )
 
     print(f"\n2. profiler, us per flagos add of 1024 floats (median of {args.rounds} rounds)")
     rows = bench_profiler(args.op_n, args.rounds)
     base = rows[0][1]
     for name, us in rows:
         print(f"{name:40s} {us:8.2f} us  x{us / base:5.2f}")
+        if name in PROFILER_METRICS:
+            metric, detail = PROFILER_METRICS[name]
+            rec.add(metric, us / base, "time ratio", detail=detail, baseline="profiler off")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

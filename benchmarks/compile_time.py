@@ -2,7 +2,7 @@
 step (compilation included) on each device, in fresh processes with empty compiler caches, with Dynamo's
 per-phase times (``torch._dynamo.utils.compile_times``) and Inductor's counters side by side.
 
-    python -m benchmarks.compile_time [--part train|prefill] [--shape tiny|0.6b] [--repeats N]
+    python -m benchmarks.compile_time [--part train|prefill] [--shape tiny|0.6b] [--repeats N] [--json [FILE]]
 
 ``train``: the whole training step compiled (``harness.qwen3.compiled_train_step``: forward, AOTAutograd's
 backward, foreach AdamW; ``benchmarks.common.time_train_steps``' first step, one-time costs included);
@@ -18,6 +18,9 @@ and, with ``--host-top K``, the K ops whose self CPU time per step (``torch.prof
 exceeds the native device's most. A short model (``--layers``) compiles in a minute; where the whole
 model's compiled step is slower on flagos (benchmarks/qwen3.py ``--compile``), this says whether a few
 layers show it too and in which host calls.
+
+Records (``--json``): the first call's flagos / native (medians over the processes; the range over the
+repeats' pairs), with ``--steps`` also the steady step's and the host's time per step.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ import collections
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 
-from benchmarks import common
+from benchmarks import common, records
+from benchmarks.common import Ratio, median, ratios
 from harness import qwen3
 from harness.processes import python_env
 
@@ -49,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=0, help="train: timed steps after the first call")
     p.add_argument("--host-top", type=int, default=15, help="with --steps: host calls listed (0: no profile)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON request: one device's measurement
+    records.add_json_argument(p)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.length < 1 or (args.layers is not None and args.layers < 1):
         p.error("--repeats, --length and --layers must be at least 1")
@@ -181,6 +185,7 @@ def main(argv=None) -> int:
         return 0
     import torch_fl
 
+    rec = records.Recorder(args, argv=argv)
     native = "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
     shape = args.shape or ("0.6b" if native == "cuda" else "tiny")
     runs = collections.defaultdict(list)
@@ -200,11 +205,22 @@ def main(argv=None) -> int:
     if any(r["imported_torch_fl"] for r in runs[native]):
         raise SystemExit(f"the {native} process imported torch_fl")
 
-    def median(device, get):
-        return statistics.median(get(r) for r in runs[device])
+    def over_runs(device, get):
+        return median(get(r) for r in runs[device])
 
-    f_first, n_first = median("flagos", lambda r: r["first"]), median(native, lambda r: r["first"])
+    f_first, n_first = over_runs("flagos", lambda r: r["first"]), over_runs(native, lambda r: r["first"])
     layers = f", {args.layers} layers" if args.layers else ""
+    batch = 2 if args.part == "train" else 1
+    what = f"({args.layers or 'all'} layer{'s' if args.layers != 1 else ''}, {batch}x{args.length})"
+    pairs = Ratio.of(ratios([r["first"] for r in runs["flagos"]], [r["first"] for r in runs[native]]))
+    rec.add(
+        f"first_{'train_step' if args.part == 'train' else 'prefill'}_time_ratio",
+        f_first / n_first,
+        "time ratio",
+        range=pairs.range if args.repeats > 1 else None,
+        detail=f"first compiled {'training step' if args.part == 'train' else 'prefill'} {what}, fresh "
+        f"processes, medians of {args.repeats}",
+    )
     print(
         f"\n## First compiled {args.part} call, Qwen3 {shape}{layers}, {args.repeats} fresh process(es) per device"
     )
@@ -220,8 +236,8 @@ def main(argv=None) -> int:
     rows = [
         (
             name,
-            median(native, lambda r, n=name: r["phases"].get(n, 0.0)),
-            median("flagos", lambda r, n=name: r["phases"].get(n, 0.0)),
+            over_runs(native, lambda r, n=name: r["phases"].get(n, 0.0)),
+            over_runs("flagos", lambda r, n=name: r["phases"].get(n, 0.0)),
         )
         for name in phases
     ]
@@ -232,7 +248,7 @@ def main(argv=None) -> int:
     for name, n, f in rows[: args.top]:
         print(f"| {name} | {n:.3f} | {f:.3f} | {f - n:+.3f} |")
     if args.steps:
-        _report_steps(runs, native, args.host_top)
+        _report_steps(runs, native, args.host_top, rec, what)
     counters = sorted(set(runs["flagos"][0]["inductor"]) | set(runs[native][0]["inductor"]))
     print("\n## Inductor's counters (first process of each)")
     print(f"| counter | {native} | flagos |")
@@ -244,22 +260,30 @@ def main(argv=None) -> int:
     return 0
 
 
-def _report_steps(runs: dict, native: str, top: int) -> None:
+STEADY_METRICS = {  # key of a run's steady figures -> (metric, what its record's detail says)
+    "steps": ("steady_train_step_time_ratio", "compiled training steps after the first"),
+    "host_per_step": ("steady_host_time_ratio", "host time per compiled training step after the first"),
+}
+
+
+def _report_steps(runs: dict, native: str, top: int, rec: records.Recorder, what: str) -> None:
     """Steady-state steps after the first call: medians over every process of a device."""
 
     def pooled(device: str, key: str) -> list[float]:
         return [t for r in runs[device] for t in (r[key] if isinstance(r[key], list) else [r[key]])]
 
     def cell(values: list[float]) -> str:
-        return f"{statistics.median(values) * 1e3:.2f} ({min(values) * 1e3:.2f}-{max(values) * 1e3:.2f})"
+        return f"{median(values) * 1e3:.2f} ({min(values) * 1e3:.2f}-{max(values) * 1e3:.2f})"
 
     print("\n## Compiled training steps after the first (ms: median (range))")
     print(f"| | {native} | flagos | flagos / {native} |")
     print("|---|---|---|---|")
     for label, key in (("step, synchronised", "steps"), ("host time per step", "host_per_step")):
         n, f = pooled(native, key), pooled("flagos", key)
-        ratio = statistics.median(f) / statistics.median(n)
+        ratio = median(f) / median(n)
         print(f"| {label} | {cell(n)} | {cell(f)} | **{ratio:.2f}** |")
+        metric, text = STEADY_METRICS[key]
+        rec.add(metric, ratio, "time ratio", detail=f"{text} {what}, medians over the processes")
     if not top:
         return
     ops = set(runs["flagos"][0]["host_ops"]) | set(runs[native][0]["host_ops"])

@@ -1,22 +1,25 @@
 """Copy throughput of the flagos device against plain host memcpy, measured in the same process.
 
-    python -m benchmarks.copy_throughput [--mib 64] [--repeats 10]
+    python -m benchmarks.copy_throughput [--mib 64] [--repeats 10] [--json [FILE]]
 
 For each direction (pageable and pinned host -> device, device -> host, device -> device) it times the
 copy with a synchronize after each repeat and prints the median GB/s and its ratio to a CPU tensor copy
 of the same size (memcpy) timed the same way. On the simulated accelerator device memory is host
-memory, so the ratio says what the HAL's stream machinery costs over the raw copy.
+memory, so the ratio says what the HAL's stream machinery costs over the raw copy. Records (``--json``): the
+median ratio over the directions, their range.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
 
 import torch
 
 import torch_fl  # noqa: F401  (registers flagos)
+from benchmarks import records
+from benchmarks.common import Ratio, median
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -26,14 +29,18 @@ def _median_seconds(fn, repeats: int) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
+    records.add_json_argument(parser)
+    args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     flagos = torch.flagos
     n = args.mib * 2**20
     host_a = torch.randint(0, 255, (n,), dtype=torch.uint8)
@@ -61,8 +68,18 @@ def main() -> None:
         ratios.append(ratio)
         print(f"{name:<24}{n / seconds / 1e9:>10.2f}{ratio:>18.2f}")
     assert torch.equal(dev_b.cpu(), host_a)
-    print(f"median ratio: {statistics.median(ratios):.2f}")
+    summary = Ratio.of(ratios)
+    print(f"median ratio: {summary.median:.2f}")
+    rec.add(
+        "median_ratio",
+        summary.median,
+        "speed ratio",
+        range=summary.range,
+        detail=f"copies of {args.mib} MiB in five directions against a CPU copy_, median over the directions",
+        baseline="memcpy",
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,7 +36,10 @@ accelerator's flagos memory is.
   neither launch jitter nor one rank's late start moves the figure. Each op's result is checked once on
   both devices. Target: flagos / native >= 0.97 from 16 MiB up.
 
-``--json FILE`` writes everything measured. Every launch has a time limit (``--timeout``), after which
+``--json [FILE]`` records the headline figures (benchmarks/records.py): ``<strategy>_step_time_ratio`` (range:
+the paired blocks', else the launches'), ``<op>_lowest_bw_ratio`` (the lowest flagos / native from 16 MiB up,
+or over all sizes where none is that large). ``--results FILE`` writes everything measured (the rows of both
+tables, the losses) as one JSON object. Every launch has a time limit (``--timeout``), after which
 torchrun is told to stop its ranks and whatever is left is killed; a SIGTERM to this script does the same.
 """
 
@@ -47,12 +50,12 @@ import concurrent.futures
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+from benchmarks import records
+from benchmarks.common import Ratio, median, round_order
 from harness.cpus import cpu_list, cpu_ranges
 from harness.processes import REPO_ROOT, Turns, python_env
 
@@ -106,8 +109,8 @@ def parse_args(argv=None):
         help="how long each timed loop of one collective lasts at least",
     )
     p.add_argument("--timeout", type=float, default=900, help="seconds for each launch")
-    p.add_argument("--json", help="write the measurements here")
-    p.add_argument("--collectives-worker", help=argparse.SUPPRESS)  # a rank of the collectives part
+    records.add_json_argument(p)
+    p.add_argument("--results", metavar="FILE", help="write everything measured here (JSON)")
     args = p.parse_args(argv)
     args.parts = _choices(p, "--parts", args.parts, ("train", "collectives"))
     args.strategies = _choices(p, "--strategies", args.strategies, ("ddp", "fsdp2"))
@@ -368,14 +371,14 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
         for repeat in range(args.repeats):
             # Alternating which device goes (or takes its turn) first, so that a drift of the machine hits
             # both alike.
-            order = ["flagos", native] if repeat % 2 == 0 else [native, "flagos"]
+            order = round_order(["flagos", native], repeat)
             for device, run in launch_both(args, world_size, strategy, order):
                 runs[device].append(run)
                 # Each launch's figure as it comes: a run cut by a time limit still shows what it measured.
                 print(
                     f"# {strategy} on {device}, run {repeat + 1}: median step "
-                    f"{statistics.median(run['step_seconds'][args.warmup :]) * 1e3:.1f} ms, of which "
-                    f"queuing it on the host {statistics.median(run['issue_seconds'][args.warmup :]) * 1e3:.1f}",
+                    f"{median(run['step_seconds'][args.warmup :]) * 1e3:.1f} ms, of which "
+                    f"queuing it on the host {median(run['issue_seconds'][args.warmup :]) * 1e3:.1f}",
                     flush=True,
                 )
         flagos, reference = runs["flagos"], runs[native]
@@ -398,10 +401,10 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
         )
         equal = max(differences) <= tolerance
         all_equal &= equal
-        f_ms = statistics.median(s * 1e3 for run in flagos for s in run["step_seconds"][args.warmup :])
-        r_ms = statistics.median(s * 1e3 for run in reference for s in run["step_seconds"][args.warmup :])
-        f_issue = statistics.median(s * 1e3 for run in flagos for s in run["issue_seconds"][args.warmup :])
-        r_issue = statistics.median(s * 1e3 for run in reference for s in run["issue_seconds"][args.warmup :])
+        f_ms = median(s * 1e3 for run in flagos for s in run["step_seconds"][args.warmup :])
+        r_ms = median(s * 1e3 for run in reference for s in run["step_seconds"][args.warmup :])
+        f_issue = median(s * 1e3 for run in flagos for s in run["issue_seconds"][args.warmup :])
+        r_issue = median(s * 1e3 for run in reference for s in run["issue_seconds"][args.warmup :])
         rows.append(
             dict(
                 strategy=strategy,
@@ -416,8 +419,7 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
                 flagos_issue_ms=f_issue,
                 reference_issue_ms=r_issue,
                 per_run_ratios=[
-                    statistics.median(a["step_seconds"][args.warmup :])
-                    / statistics.median(b["step_seconds"][args.warmup :])
+                    median(a["step_seconds"][args.warmup :]) / median(b["step_seconds"][args.warmup :])
                     for a, b in zip(flagos, reference, strict=True)
                 ],
                 # Side by side: each block of flagos's timed steps against the reference's block that ran
@@ -448,12 +450,7 @@ def run_train(args, world_size: int, native: str) -> tuple[list[dict], bool]:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        pairs = r["block_ratios"]
-        paired = (
-            f"{statistics.median(pairs):.3f} ({min(pairs):.2f}-{max(pairs):.2f}, {len(pairs)})"
-            if pairs
-            else "-"
-        )
+        paired = Ratio.of(r["block_ratios"]).text(3) if r["block_ratios"] else "-"
         print(
             f"| {r['strategy']} | {r['shape']} | {r['world_size']} | {r['flagos_step_ms']:.1f} "
             f"| {r['reference_step_ms']:.1f} | **{r['time_ratio']:.3f}** "
@@ -484,7 +481,7 @@ def run_collectives(args, world_size: int, native: str) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="flagos_dist_bench_") as tmp:
         out = os.path.join(tmp, "collectives.json")
         request["out"] = out
-        worker = ["-m", "benchmarks.distributed", "--collectives-worker", json.dumps(request)]
+        worker = ["-m", "benchmarks.collectives_worker", json.dumps(request)]
         torchrun(world_size, worker, args.timeout, "collectives")
         with open(out) as f:
             rows = json.load(f)
@@ -510,9 +507,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # Stopped from outside (a test's time limit), stop the torchrun in flight too (torchrun()'s finally).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    if args.collectives_worker:
-        collectives_worker(json.loads(args.collectives_worker))
-        return 0
     import torch
 
     native = native_device()
@@ -532,129 +526,54 @@ def main(argv=None) -> int:
             results["train"], ok = run_train(args, world_size, native)
         else:
             results["collectives"] = run_collectives(args, world_size, native)
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.results:
+        with open(args.results, "w") as f:
             json.dump(results, f, indent=1)
+    record(args, results)
     if not ok:
         print("FAILED: flagos's losses differ from the reference's beyond the tolerance", file=sys.stderr)
     return 0 if ok else 1
 
 
-# ---- A rank of the collectives part (torchrun starts it with --collectives-worker) -------------------------
-
-
-def collectives_worker(request: dict) -> None:
-    os.environ.setdefault("FLAGOS_SIM_DEVICES", str(max(2, int(os.environ["LOCAL_WORLD_SIZE"]))))
+def record(args, results: dict) -> None:
+    """The headline figures of ``results`` (main's) as records, with ``--json``."""
     import torch
-    import torch.distributed as dist
 
-    import torch_fl  # noqa: F401
-
-    local_rank = int(os.environ["LOCAL_RANK"])
-    native = native_device()
-    torch.flagos.set_device(local_rank)
+    native, world_size = results["native"], results["world_size"]
     if native == "cuda":
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl,flagos:flagos")
+        rec = records.Recorder(
+            args, device=f"{world_size}x {torch.cuda.get_device_name(0)}", baseline="cuda (NCCL)"
+        )
     else:
-        dist.init_process_group("cpu:gloo,flagos:flagos")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    devices = {"flagos": torch.device("flagos", local_rank), "native": torch.device(native, local_rank)}
-    if native == "cpu":
-        devices["native"] = torch.device("cpu")
-
-    rows = []
+        rec = records.Recorder(args, baseline="cpu (gloo)")
+    for row in results.get("train", []):
+        pairs = row["block_ratios"] or (row["per_run_ratios"] if args.repeats > 1 else [])
+        detail = (
+            f"Qwen3 {row['shape']} {row['strategy'].upper()} step, {world_size} ranks, {args.batch}x{args.seq_len} "
+            f"a rank, {args.repeats} launch(es) each"
+        )
+        if row["block_ratios"]:
+            detail += f", side by side in turns; paired {Ratio.of(row['block_ratios']).median:.3f}"
+        rec.add(
+            f"{row['strategy']}_step_time_ratio",
+            row["time_ratio"],
+            "time ratio",
+            range=Ratio.of(pairs).range if pairs else None,
+            detail=detail,
+        )
+    rows = results.get("collectives", [])
     for op in OPS:
-        for nbytes in request["sizes"]:
-            numel = max(world, nbytes // 4 // world * world)  # divisible by the world size
-            seconds = {"flagos": [], "native": []}
-            for device in devices.values():
-                check(op, numel, device, rank, world)
-            for repeat in range(request["repeats"]):
-                order = ["flagos", "native"] if repeat % 2 == 0 else ["native", "flagos"]
-                for name in order:
-                    seconds[name].append(
-                        time_collective(op, numel, devices[name], world, request["min_seconds"])
-                    )
-            row = dict(op=op, bytes=numel * 4)
-            factor = (2 if op == "all_reduce" else 1) * (world - 1) / world if world > 1 else 1.0
-            for name in seconds:
-                row[f"{name}_seconds"] = statistics.median(seconds[name])
-                row[f"{name}_gbs"] = numel * 4 / row[f"{name}_seconds"] / 1e9 * factor
-            row["ratio"] = row["flagos_gbs"] / row["native_gbs"]
-            rows.append(row)
-    if rank == 0:
-        with open(request["out"], "w") as f:
-            json.dump(rows, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _buffers(op: str, numel: int, device, world: int, fill: float):
-    import torch
-
-    if op == "all_reduce":
-        t = torch.full((numel,), fill, device=device)
-        return t, t
-    if op == "all_gather":  # numel: the gathered output's
-        return torch.full((numel // world,), fill, device=device), torch.empty(numel, device=device)
-    return torch.full((numel,), fill, device=device), torch.empty(numel // world, device=device)
-
-
-def _issue(op: str, inp, out) -> None:
-    import torch.distributed as dist
-
-    if op == "all_reduce":
-        dist.all_reduce(inp)
-    elif op == "all_gather":
-        dist.all_gather_into_tensor(out, inp)
-    else:
-        dist.reduce_scatter_tensor(out, inp)
-
-
-def check(op: str, numel: int, device, rank: int, world: int) -> None:
-    """One call on ``device`` whose inputs are rank + 1: the result's ends must be what the op makes."""
-    inp, out = _buffers(op, numel, device, world, float(rank + 1))
-    _issue(op, inp, out)
-    if op == "all_gather":
-        expected = [(1.0, out[0].item()), (float(world), out[-1].item())]
-    else:
-        total = world * (world + 1) / 2
-        expected = [(total, out[0].item()), (total, out[-1].item())]
-    for want, got in expected:
-        if got != want:
-            raise AssertionError(f"rank {rank}: {op} of {numel * 4} bytes on {device} gave {got}, not {want}")
-
-
-def time_collective(op: str, numel: int, device, world: int, min_seconds: float) -> float:
-    """Seconds per call, the slowest rank's. A timed warm-up call sizes the loop so that it lasts about
-    ``min_seconds`` (the ranks agree on the count); the ranks line up on the CPU group before the clock
-    starts, so one rank's late start does not count as the collective's time."""
-    import torch
-    import torch.distributed as dist
-
-    from benchmarks.common import synchronize
-
-    def slowest(seconds: float) -> float:  # a CPU tensor: the group's gloo; also lines the ranks up
-        t = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    inp, out = _buffers(op, numel, device, world, 0.0)
-    _issue(op, inp, out)  # the first call of a size may set up buffers: not timed
-    synchronize(device)
-    slowest(0.0)
-    start = time.perf_counter()
-    _issue(op, inp, out)
-    synchronize(device)
-    one_call = slowest(time.perf_counter() - start)
-    iterations = max(5, min(2000, int(min_seconds / max(one_call, 1e-7))))
-    slowest(0.0)
-    start = time.perf_counter()
-    for _ in range(iterations):
-        _issue(op, inp, out)
-    synchronize(device)
-    return slowest((time.perf_counter() - start) / iterations)
+        of_op = [r for r in rows if r["op"] == op]
+        large = [r for r in of_op if r["bytes"] >= 16 * MiB] or of_op
+        if not large:
+            continue
+        sizes = f"{large[0]['bytes'] / MiB:g}-{large[-1]['bytes'] / MiB:g} MiB"
+        rec.add(
+            f"{op}_lowest_bw_ratio",
+            min(r["ratio"] for r in large),
+            "speed ratio",
+            detail=f"{op} bus bandwidth, {world_size} ranks, lowest over {sizes}, medians of {args.repeats} rounds",
+        )
 
 
 if __name__ == "__main__":

@@ -4,23 +4,26 @@ Shapes: bf16, one sequence of 512 tokens, hidden 1024, 16 query heads and 8 KV h
 3072, vocabulary 151936. Each op runs twice on the same CUDA tensors: FlagGems' function for the ATen op
 (the one it would register for CUDA) and torch's CUDA kernel for that ATen op. The time is what the GPU
 spent in kernels (torch.profiler's CUDA activity, summed per call; FlagGems' host overhead of tens of
-microseconds would otherwise hide the kernels), median of R measurements of N calls; where the profiler
-records no kernels, CUDA-graph replays timed with events are used instead (marked ``graph``).
+microseconds would otherwise hide the kernels), median of R measurements of N calls, the two taking turns
+(benchmarks.common.paired_rounds); where the profiler records no kernels, CUDA-graph replays timed with
+events are used instead (marked ``graph``).
 
-Printed per op: microseconds per call for both and ``native / flaggems`` (above 1: FlagGems is faster).
+Printed per op: microseconds per call for both and ``native / flaggems`` (above 1: FlagGems is faster);
+recorded (``--json``): the median over the cases (their range) and the geometric mean.
 Needs an NVIDIA GPU and FlagGems; elsewhere it says why and exits 2.
 
-    python -m benchmarks.flaggems_kernels [--n 20] [--repeats 3] [--ops mm_qkv,softmax] [--json out.json]
+    python -m benchmarks.flaggems_kernels [--n 20] [--repeats 3] [--ops mm_qkv,softmax] [--json [FILE]]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 
 import torch
+
+from benchmarks import records
+from benchmarks.common import Ratio, geomean, median, paired_rounds
 
 SEQ, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 512, 1024, 16, 8, 128, 3072, 151936
 DTYPE = torch.bfloat16
@@ -134,22 +137,26 @@ def device_us_graph(fn, n: int) -> float:
     return start.elapsed_time(end) * 1000 / n
 
 
-def measure(fn, n: int, repeats: int) -> tuple[float, str]:
-    for _ in range(3):  # warm-up: compiles and autotunes
-        fn()
+def compare(native, gems, inputs, args) -> tuple[tuple[float, str], tuple[float, str]]:
+    """(native, FlagGems) on the same inputs, each (microseconds per call, how it was timed): the median
+    of ``args.repeats`` profiled rounds, the two in turns; CUDA-graph replays for a side whose kernels the
+    profiler did not record."""
+    calls = {"native": lambda: native(*inputs), "flaggems": lambda: gems(*inputs)}
+    for fn in calls.values():
+        for _ in range(3):  # warm-up: compiles and autotunes
+            fn()
     torch.cuda.synchronize()
-    values = [device_us_profiler(fn, n) for _ in range(repeats)]
-    if all(v > 0 for v in values):
-        return statistics.median(values), "profiler"
-    return statistics.median(device_us_graph(fn, n) for _ in range(repeats)), "graph"
-
-
-def compare(native, gems, inputs, args):
-    """(native measurement, FlagGems measurement) on the same inputs."""
-    return (
-        measure(lambda: native(*inputs), args.n, args.repeats),
-        measure(lambda: gems(*inputs), args.n, args.repeats),
+    profiled = paired_rounds(
+        {name: lambda fn=fn: device_us_profiler(fn, args.n) for name, fn in calls.items()}, args.repeats
     )
+    measured = {}
+    for name, values in profiled.items():
+        if all(v > 0 for v in values):
+            measured[name] = (median(values), "profiler")
+        else:
+            graphed = [device_us_graph(calls[name], args.n) for _ in range(args.repeats)]
+            measured[name] = (median(graphed), "graph")
+    return measured["native"], measured["flaggems"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=20, help="calls per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ops", default="", help="comma-separated subset of the cases")
-    parser.add_argument("--json", help="also write the rows to this file")
+    records.add_json_argument(parser)
     args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv, baseline="cuda kernels")
     reason = unavailable_reason()
     if reason:
         print(f"flaggems_kernels: cannot run here: {reason}", file=sys.stderr)
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Qwen3-0.6B shapes, bf16, seq {SEQ}; N={args.n}, repeats={args.repeats}"
     )
     print(f"{'case':16} {'aten op':30} {'native us':>10} {'flaggems us':>12} {'native/flaggems':>16}  timing")
-    rows, ratios = [], []
+    ratios = []
     with torch.no_grad():
         for name in names:
             op, build = table[name]
@@ -193,18 +201,22 @@ def main(argv: list[str] | None = None) -> int:
             ratio = native_us / gems_us
             ratios.append(ratio)
             how = how_native if how_native == how_gems else f"{how_native}/{how_gems}"
-            rows.append(
-                {"case": name, "op": op, "native_us": native_us, "flaggems_us": gems_us, "timing": how}
-            )
             print(f"{name:16} {op:30} {native_us:10.1f} {gems_us:12.1f} {ratio:16.2f}  {how}")
     if ratios:
+        summary = Ratio.of(ratios)
         print(
-            f"median native/flaggems {statistics.median(ratios):.2f} over {len(ratios)} cases "
-            f"(geometric mean {statistics.geometric_mean(ratios):.2f}); above 1: FlagGems' kernels are faster"
+            f"median native/flaggems {summary.median:.2f} over {len(ratios)} cases "
+            f"(geometric mean {geomean(ratios):.2f}); above 1: FlagGems' kernels are faster"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"n": args.n, "repeats": args.repeats, "rows": rows}, f, indent=1)
+        what = f"FlagGems' kernels against torch's CUDA kernels, {len(ratios)} cases at Qwen3-0.6B shapes"
+        rec.add(
+            "median_speed_ratio",
+            summary.median,
+            "speed ratio",
+            range=summary.range,
+            detail=f"{what} (bf16, seq {SEQ})",
+        )
+        rec.add("geomean_speed_ratio", geomean(ratios), "speed ratio", detail=f"{what}, geometric mean")
     return 0 if ratios else 1
 
 

@@ -1,7 +1,8 @@
 """Host overhead of the flaggems route against FlagGems called directly on CUDA tensors, in one process.
 
 For about 20 transformer ops on tiny tensors (so that host time dominates), each op is launched N times
-(then one synchronize; median of R repeats, the three ways taking turns in each repeat) in three ways:
+(then one synchronize; median of R repeats, the ways taking turns in each repeat, their order rotating from
+repeat to repeat: benchmarks.common.paired_rounds) in these ways:
 
 - ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
 - ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems`` (router,
@@ -12,12 +13,12 @@ For about 20 transformer ops on tiny tensors (so that host time dominates), each
 - ``native``: the torch call on CUDA tensors (torch's CUDA kernels), for scale.
 
 Printed per op: microseconds per launch, ``route / direct`` and ``route - direct``, and ``route / torch``;
-then the medians. ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
+then the medians, which ``--json`` records (``vs_direct_...``, ``vs_torch_...``). ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
 call costs before it reaches a kernel (the Python binding, the dispatcher, autograd's no-grad check);
 ``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
 
-    python -m benchmarks.flaggems_overhead [--n 300] [--repeats 5] [--ops add,mm] [--json out.json]
+    python -m benchmarks.flaggems_overhead [--n 300] [--repeats 5] [--ops add,mm] [--json [FILE]]
 
 ``--stand-in`` measures the same comparison without a GPU: flagos on the simulated accelerator, and the
 stand-in FlagGems of harness/fake_flaggems (CPU torch functions) as the flaggems backend. ``direct`` is then
@@ -32,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import statistics
 import sys
 import time
 import warnings
@@ -43,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_fl
+from benchmarks import records
+from benchmarks.common import Ratio, median, paired_rounds
 from harness.fake_flaggems import stand_in
 from torch_fl import _flaggems, routing
 
@@ -192,26 +193,29 @@ def flaggems_as_cuda_kernel(op: str, fn):
 
 def time_per_launch(ways: dict, n: int, repeats: int) -> dict[str, float]:
     """Per way (name -> (launch one call, synchronize, context to run it in)): the median over `repeats`
-    of (n launches + one synchronize) / n, in microseconds. The ways take turns in every repeat, so that
-    a drift of the machine's speed (other load, clocks) shows in all of them alike rather than biasing
-    whichever ran during it."""
+    of (n launches + one synchronize) / n, in microseconds. The ways take turns in every repeat (paired
+    rounds), so that a drift of the machine's speed (other load, clocks) shows in all of them alike rather
+    than biasing whichever ran during it."""
     for fn, sync, context in ways.values():
         with context():
             for _ in range(20):  # warm-up: Triton compiles and autotunes on first calls
                 fn()
             sync()
-    samples: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, (fn, sync, context) in ways.items():
-            with context():
-                fn()  # entering a routing override re-resolves the op on its next call: not timed
-                sync()
-                start = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                sync()
-                samples[name].append((time.perf_counter() - start) / n * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+
+    def per_launch_us(fn, sync, context) -> float:
+        with context():
+            fn()  # entering a routing override re-resolves the op on its next call: not timed
+            sync()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync()
+            return (time.perf_counter() - start) / n * 1e6
+
+    samples = paired_rounds(
+        {name: lambda way=way: per_launch_us(*way) for name, way in ways.items()}, repeats
+    )
+    return {name: median(values) for name, values in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,13 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=300, help="launches per repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ops", default="", help="comma-separated subset of: " + ", ".join(CASES))
-    parser.add_argument("--json", help="also write the rows to this file")
+    records.add_json_argument(parser)
     parser.add_argument(
         "--stand-in",
         action="store_true",
         help="no GPU: the simulated accelerator and the stand-in FlagGems of harness/fake_flaggems",
     )
     args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     reason = stand_in.install() if args.stand_in else unavailable_reason()
     if reason:
         print(f"flaggems_overhead: cannot run here: {reason}", file=sys.stderr)
@@ -324,15 +329,45 @@ def main(argv: list[str] | None = None) -> int:
             )
     if ratios:
         diffs = [r["route_us"] - r["direct_us"] for r in rows]
+        torch_diffs = [r["route_us"] - r["torch_us"] for r in rows if r["torch_us"] is not None]
         print(
-            f"median route/direct {statistics.median(ratios):.2f}, median difference "
-            f"{statistics.median(diffs):.1f} us over {len(ratios)} ops"
-            + (f"; median route/torch {statistics.median(torch_ratios):.2f}" if torch_ratios else "")
+            f"median route/direct {median(ratios):.2f}, median difference {median(diffs):.1f} us over "
+            f"{len(ratios)} ops"
+            + (
+                f"; median route/torch {median(torch_ratios):.2f}, difference {median(torch_diffs):.1f} us"
+                if torch_ratios
+                else ""
+            )
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"n": args.n, "repeats": args.repeats, "rows": rows}, f, indent=1)
+        record_medians(rec, len(ratios), args.stand_in, (ratios, diffs), (torch_ratios, torch_diffs))
     return 0 if ratios else 1
+
+
+def record_medians(rec, ops: int, on_stand_in: bool, direct: tuple, through_torch: tuple) -> None:
+    """The records of the medians: against FlagGems' bare function, and against FlagGems through torch
+    where that was measured; each (ratios, differences in us) over the ops."""
+    what = f"{ops} ops on tiny tensors" + (", stand-in" if on_stand_in else "")
+    for name, baseline, against, (ratios, diffs) in (
+        ("vs_direct", "FlagGems' function", "FlagGems' bare function", direct),
+        ("vs_torch", "FlagGems via torch", "FlagGems registered for cuda", through_torch),
+    ):
+        if not ratios:
+            continue
+        rec.add(
+            f"{name}_median_ratio",
+            median(ratios),
+            "time ratio",
+            range=Ratio.of(ratios).range,
+            detail=f"{what}: the flaggems route against {against}",
+            baseline=baseline,
+        )
+        rec.add(
+            f"{name}_median_added_us",
+            median(diffs),
+            "us added",
+            detail=f"{what}: time the flaggems route adds per call to {against}",
+            baseline=baseline,
+        )
 
 
 if __name__ == "__main__":

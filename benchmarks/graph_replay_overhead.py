@@ -1,4 +1,4 @@
-"""What reduce-overhead's graph replay on flagos costs per call beyond the replay itself (issue 22).
+"""What reduce-overhead's graph replay on flagos costs per call beyond the replay itself.
 
 ``torch_fl/_compile/graph_replay.py``'s ``GraphRunner`` wraps each compiled flagos graph: per call it checks
 the inputs against its recordings, copies the non-static inputs into the graph's buffers, replays, and
@@ -23,19 +23,23 @@ replay, and Dynamo's graph breaks and recompiles. A token should take one replay
 call's warm-up, nothing else; each call's new static cache takes one recording.
 
     python -m benchmarks.graph_replay_overhead [--layers 28] [--cache-length 48] [--n 2000] [--repeats 7]
-                                               [--generate 8]
+                                               [--generate 8] [--json [FILE]]
+
+Records (``--json``): the runner's call over the bare replay (median of the rounds' ratios, their range)
+and the microseconds it adds.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
 import torch
 
 import torch_fl  # noqa: F401  (registers the flagos device)
+from benchmarks import records
+from benchmarks.common import Ratio, median, ratios, round_order
 from torch_fl._compile import graph_replay
 
 DEVICE = "flagos"
@@ -77,7 +81,7 @@ def per_call_us(fn, n: int) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-def overhead(args) -> None:
+def overhead(args, rec: records.Recorder) -> None:
     inputs, static_idxs = decode_step_inputs(args.layers, args.cache_length)
     runner = graph_replay.GraphRunner(step, static_idxs, (), torch.flagos.current_device(), 8)
     for _ in range(3):  # warm-up, recording, one replay
@@ -95,15 +99,13 @@ def overhead(args) -> None:
         "capture check": torch.flagos.is_current_stream_capturing,
     }
     times: dict[str, list[float]] = {name: [] for name in (*cases, *parts)}
-    ratios = []
     for r in range(args.repeats):
-        order = list(cases) if r % 2 == 0 else list(reversed(cases))
-        for name in order:
+        for name in round_order(list(cases), r):
             times[name].append(per_call_us(cases[name], args.n))
-        ratios.append(times["GraphRunner call"][-1] / times["bare replay"][-1])
-        for name, fn in parts.items():
+        for name, fn in parts.items():  # each alone, after the two cases of the round
             times[name].append(per_call_us(fn, args.n))
-    med = {name: statistics.median(values) for name, values in times.items()}
+    med = {name: median(values) for name, values in times.items()}
+    summary = Ratio.of(ratios(times["GraphRunner call"], times["bare replay"]))
     native = graph_replay._native_ptrs_equal is not None
     print(
         f"torch {torch.__version__}, accelerator {torch_fl._C._backing_type() or 'sim'}, "
@@ -113,14 +115,28 @@ def overhead(args) -> None:
     runner_us, replay_us = med["GraphRunner call"], med["bare replay"]
     print(f"{'GraphRunner call':18} {runner_us:8.1f} us")
     print(f"{'bare replay':18} {replay_us:8.1f} us")
-    print(
-        f"ratio {statistics.median(ratios):.2f} (median of rounds), difference {runner_us - replay_us:.1f} us, of it:"
-    )
+    print(f"ratio {summary.text()}, difference {runner_us - replay_us:.1f} us, of it:")
     accounted = 0.0
     for name in parts:
         accounted += med[name]
         print(f"  {name:16} {med[name]:8.1f} us")
     print(f"  {'the rest':16} {runner_us - replay_us - accounted:8.1f} us")
+    shape = f"{len(inputs)} inputs ({len(static_idxs)} static)"
+    rec.add(
+        "runner_time_ratio",
+        summary.median,
+        "time ratio",
+        range=summary.range,
+        detail=f"a GraphRunner call of a decode step's graph, {shape}, against its bare replay",
+        baseline="bare replay",
+    )
+    rec.add(
+        "runner_added_us",
+        runner_us - replay_us,
+        "us added",
+        detail=f"a GraphRunner call, {shape}: time it adds to the bare replay",
+        baseline="bare replay",
+    )
 
 
 def generate_counts(new_tokens: int) -> None:
@@ -171,10 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--generate", type=int, default=0, help="also count a tiny Qwen3 generate's calls")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    records.add_json_argument(parser)
     args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     torch.set_num_threads(args.threads)
     with torch.no_grad():
-        overhead(args)
+        overhead(args, rec)
     if args.generate:
         generate_counts(args.generate)
     return 0

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -35,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_fl  # noqa: F401  (registers the flagos device)
-from benchmarks.common import synchronize
+from benchmarks import records
+from benchmarks.common import Ratio, median, paired_rounds, ratios, synchronize
 
 
 def native_device() -> str:
@@ -175,16 +175,18 @@ def compare(ref_fn, fl_fn, native: str, n: int, repeats: int) -> tuple[float, fl
         for _ in range(min(n, 100)):
             fn()
         synchronize(device)
-    refs, fls, ratios = [], [], []
-    for r in range(repeats):
-        if r % 2 == 0:
-            ref, fl = launch_time(ref_fn, native, n), launch_time(fl_fn, "flagos", n)
-        else:
-            fl, ref = launch_time(fl_fn, "flagos", n), launch_time(ref_fn, native, n)
-        refs.append(ref)
-        fls.append(fl)
-        ratios.append(fl / ref)
-    return statistics.median(refs), statistics.median(fls), statistics.median(ratios)
+    times = paired_rounds(
+        {"ref": lambda: launch_time(ref_fn, native, n), "fl": lambda: launch_time(fl_fn, "flagos", n)},
+        repeats,
+    )
+    return median(times["ref"]), median(times["fl"]), median(ratios(times["fl"], times["ref"]))
+
+
+SETS = {  # --set -> (what its records' details say, its metric ids' prefix)
+    "tiny": ("ops on tiny tensors", ""),
+    "qwen3": ("ops of a Qwen3-0.6B decode step at its shapes (bf16)", "qwen3_"),
+    "foreach": ("tensor-list ops over 310 tensors (Qwen3-0.6B's parameters)", "foreach_"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         help="tiny tensors (default), a Qwen3 decode step, or tensor-list ops over 310 tensors",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    records.add_json_argument(parser)
     args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
 
     torch.set_num_threads(args.threads)
     native = native_device()
@@ -223,19 +227,33 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'op':18} {native + ' us':>9} {'flagos us':>10} {'ratio':>7} {'diff us':>8} {'ops':>4} {'diff/op':>8}"
     )
-    ratios, diffs = [], []
+    op_ratios, diffs = {}, []
     with torch.no_grad():
         for name in names:
             ref, fl, ratio = compare(ref_cases[name], fl_cases[name], native, args.n, args.repeats)
-            ratios.append(ratio)
+            op_ratios[name] = ratio
             diffs.append(fl - ref)
             n_ops = calls[name]
             print(
                 f"{name:18} {ref:9.2f} {fl:10.2f} {ratio:7.2f} {fl - ref:8.2f} {n_ops:4} {(fl - ref) / n_ops:8.2f}"
             )
-    print(
-        f"median ratio {statistics.median(ratios):.2f}, median difference {statistics.median(diffs):.2f} us "
-        f"over {len(names)} ops"
+    summary, added = Ratio.of(op_ratios.values()), median(diffs)
+    print(f"median ratio {summary.median:.2f}, median difference {added:.2f} us over {len(names)} ops")
+    what, prefix = SETS[args.set]
+    worst = sorted(op_ratios, key=op_ratios.get, reverse=True)[:2]
+    worst_text = ", ".join(f"{name} {op_ratios[name]:.2f}" for name in worst)
+    rec.add(
+        f"{prefix}median_ratio",
+        summary.median,
+        "time ratio",
+        range=summary.range,
+        detail=f"{len(names)} {what}, median of the per-op ratios; worst {worst_text}",
+    )
+    rec.add(
+        f"{prefix}median_added_us",
+        added,
+        "us added",
+        detail=f"{len(names)} {what}: median time flagos adds per op",
     )
     return 0
 

@@ -41,10 +41,10 @@ run cut short after the reference's training goes on with flagos's. The report s
 of one after the other, on the same GPU and CPUs, and once both have compiled, their timed steps take turns
 in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``harness.processes.Turns``), so that
 only one runs at a time and each block of one device has a block of the other beside it: the pairs of block medians give
-a paired ratio. A compiled training step at the 0.6b shape waits on the host, and it wandered between 33
-and 64 ms a step within minutes on both devices (2x H200, 2026-11-27); run one after the other, or at the
-same time on two GPUs, the two devices met different host states (the GPU and CPUs a process ran on
-mattered more than the device). With ``--train-results``, saved runs are taken only where both devices'
+a paired ratio. A compiled training step at the 0.6b shape waits on the host, and its time wanders (33-64
+ms a step on an H200) within minutes on both devices; run one after the other, or at the same time on two
+GPUs, the two devices meet different host states (the GPU and CPUs a process runs on matter more than the
+device). With ``--train-results``, saved runs are taken only where both devices'
 are there (a side-by-side pair is run again together).
 
 ``--configs`` lists routing configs, run in turn with routing reset in between: ``native`` (no config
@@ -61,22 +61,20 @@ CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op u
 and the N aten ops whose self host time on flagos exceeds the reference's most, with their calls on both:
 where the inference overhead goes.
 
-``--graphs``: greedy decode with a static KV cache (``harness.static_decode``), batch 1, 16-token prompt,
-``--new-tokens`` tokens, in tokens/s of the decode loop: the reference device eager and with its graph
-(``torch.cuda.CUDAGraph`` on cuda), flagos eager and with ``torch.flagos.FlagosGraph`` for each config, and
-Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
-in a process that never imports torch_fl; on a GPU also the same ``generate`` on flagos (native routing) in a
-fresh process, compiled as generate compiles on cuda (docs/compile.md): the recipe users pick, on both
-devices. Also the graph of the step compiled before capture (``compile_step``: Inductor's kernels, one graph a
-step) on the reference GPU and on flagos (native). The token ids of every graph run are checked against the
-same step run eagerly: equal, or parting only at a near tie (noted with the top-2 margin); anything else
-fails the benchmark. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph /
-reference eager, the same for the compiled step's graph, and Hugging Face static on flagos / on the reference.
+``--graphs``: static-cache greedy decode, eager and replayed as graphs, on both devices and against Hugging
+Face's static-cache ``generate`` (benchmarks/qwen3_graphs.py says what runs and what is compared).
+
+``--json [FILE]`` records each ratio printed (benchmarks/records.py): ``<part>_time_ratio`` or
+``<part>_speed_ratio`` with the pairs' range, ``compiled_`` in front under ``--compile`` (first calls:
+``compiled_first_<part>_time_ratio``), a non-default size in the id (``prefill_1x4096_time_ratio``), and the
+config (``flaggems_`` for flaggems_cuda.conf), a shape not the device's default or ``--model`` (``model_``)
+first; ``--graphs`` and ``--host-diff`` record theirs.
 
     python -m benchmarks.qwen3 [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
                                [--parts prefill,decode,train] [--train-results DIR] [--side-by-side [second]]
+                               [--json [FILE]]
     python -m benchmarks.qwen3 --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
 
@@ -89,7 +87,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -97,7 +94,9 @@ import time
 import torch
 
 import torch_fl
-from benchmarks import common
+from benchmarks import common, records
+from benchmarks.common import Ratio, median
+from benchmarks.qwen3_records import config_tag, record, shape_tag
 from harness import processes, qwen3
 
 _PARTS = ("prefill", "decode", "train")
@@ -361,8 +360,8 @@ def measure(
                         repeats, config_file, saved
                     )
             workloads = [(key, w) for key, w in workloads if w.trains_here]
-        for repeat in range(-warmups, repeats):
-            for key, workload in workloads if repeat % 2 else workloads[::-1]:
+        for repeat in range(-warmups, repeats):  # paired rounds, flagos first in the first
+            for key, workload in common.round_order(workloads[::-1], repeat):
                 value = getattr(workload, name)()
                 if repeat >= 0:
                     samples[key].append(value)
@@ -374,12 +373,7 @@ def measure(
             pairs = processes.Turns.block_pairs(samples["ref"], samples["fl"])
         else:
             pairs = []
-        results[name] = Result(
-            statistics.median(samples["ref"]),
-            statistics.median(samples["fl"]),
-            pairs,
-            first,
-        )
+        results[name] = Result(median(samples["ref"]), median(samples["fl"]), pairs, first)
         print(f"  .. {name}: done", flush=True)
     processes.let_autograd_threads_finish()
     return results
@@ -387,9 +381,7 @@ def measure(
 
 def _paired(pairs: list[float]) -> str:
     """The median of the pairs' ratios and their range, or why there are none."""
-    if not pairs:
-        return "-  (run in processes of their own: no pairs)"
-    return f"{statistics.median(pairs):.2f}  ({min(pairs):.2f}-{max(pairs):.2f} over {len(pairs)})"
+    return Ratio.of(pairs).text() if pairs else "-  (run in processes of their own: no pairs)"
 
 
 def reference_first_calls(spec: dict, reference: str, sizes, vocab: int, decode_mode: str, parts) -> dict:
@@ -497,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --compile: the two training processes at the same time on the same GPU and CPUs, their "
         "timed steps in turns of 5 (paired blocks)",
     )
+    records.add_json_argument(parser)
     args = parser.parse_args(argv)
+    rec = records.Recorder(args, argv=argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(_PARTS))
     if unknown or not parts:
@@ -545,10 +539,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; prefill 1x{sizes[0]}, "
         f"decode {sizes[1]} tokens, train {sizes[2]}x{sizes[3]}"
     )
+    model = os.path.basename(args.model.rstrip("/")) if args.model else f"Qwen3 {shape}"
+    model += f" ({str(dtype).replace('torch.', '')})"
+    shape_id = shape_tag(args.model, shape, reference)
     if args.graphs:
         from benchmarks.qwen3_graphs import graphs_main
 
-        return graphs_main(master, spec, reference, configs, args.new_tokens or 64, args.repeats, _use_config)
+        new_tokens = args.new_tokens or 64
+        return graphs_main(
+            master, spec, reference, configs, new_tokens, args.repeats, _use_config, rec, shape_id
+        )
     decode_mode = args.decode_mode if args.compile else None
     with contextlib.ExitStack() as cleanup:
         tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_"))
@@ -580,11 +580,12 @@ def main(argv: list[str] | None = None) -> int:
                 ref, fl, args.repeats, parts, config_file, args.train_results, args.side_by_side
             )
             counts = qwen3.routing_counts()
-            report(results, sizes, reference, ref_first if args.compile and index == 0 else None)
+            first_calls = ref_first if args.compile and index == 0 else None
+            report(results, sizes, reference, first_calls)
+            tag = config_tag(config) + shape_id
+            record(rec, results, tag, model, sizes, defaults, first_calls, reference)
             if "decode" in parts:
-                busy = [
-                    statistics.median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)
-                ]  # no warm-up
+                busy = [median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
                 print(
                     f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)"
                 )
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                         fl, args.top_ops, [p for p in parts if p != "train" or fl.trains_here]
                     )
                 if args.host_diff:
-                    qwen3_profile.host_diff(ref, fl, args.host_diff)
+                    qwen3_profile.host_diff(ref, fl, args.host_diff, rec, tag, model)
     torch_fl.routing.reset(all=True)
     return 0
 

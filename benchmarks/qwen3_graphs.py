@@ -1,16 +1,36 @@
 """``python -m benchmarks.qwen3 --graphs``: static-cache greedy decode, eager and replayed as graphs, on the
 reference device and on flagos for each routing config, against Hugging Face's
-``generate(cache_implementation="static")`` (see qwen3.py's description)."""
+``generate(cache_implementation="static")``.
+
+Greedy decode with a static KV cache (``harness.static_decode``), batch 1, 16-token prompt,
+``--new-tokens`` tokens, in tokens/s of the decode loop: the reference device eager and with its graph
+(``torch.cuda.CUDAGraph`` on cuda), flagos eager and with ``torch.flagos.FlagosGraph`` for each config, and
+Hugging Face's ``generate(cache_implementation="static")`` on the reference (compiled, CUDA graphs on cuda)
+in a process that never imports torch_fl; on a GPU also the same ``generate`` on flagos (native routing) in a
+fresh process, compiled as generate compiles on cuda (docs/compile.md): the recipe users pick, on both
+devices. Also the graph of the step compiled before capture (``compile_step``: Inductor's kernels, one graph a
+step) on the reference GPU and on flagos (native). The token ids of every graph run are checked against the
+same step run eagerly: equal, or parting only at a near tie (noted with the top-2 margin); anything else
+fails the benchmark. Ratios: flagos graph / reference graph, flagos graph / Hugging Face, flagos graph /
+reference eager, the same for the compiled step's graph, and Hugging Face static on flagos / on the reference.
+
+Records (``--json``): ``graph_decode_speed_ratio`` (flagos graph / reference graph),
+``compiled_graph_decode_speed_ratio`` (the same for the compiled step's graphs), ``graph_vs_hf_speed_ratio``
+and ``compiled_graph_vs_hf_speed_ratio`` (against Hugging Face static on the reference),
+``graph_vs_eager_speed_ratio`` (against the reference eager; other configs' under their prefix) and
+``hf_static_speed_ratio`` (Hugging Face static on flagos / on the reference).
+"""
 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 
 import torch
 
+from benchmarks.common import median
+from benchmarks.qwen3_records import config_tag
 from harness import processes, qwen3
 
 
@@ -29,7 +49,7 @@ def _decode_tokens_per_s(model, ids, new_tokens: int, graphs: bool, repeats: int
     if compile_step:
         decoder.graphs = False  # the same compiled step, so nothing is compiled again
         compiled_eager = decoder.generate(ids, new_tokens).cpu()
-    return statistics.median(speeds[1:]), tokens, compiled_eager
+    return median(speeds[1:]), tokens, compiled_eager
 
 
 def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, config_file: str) -> float:
@@ -47,7 +67,7 @@ def _hf_static_tokens_per_s(spec, device: str, new_tokens: int, repeats: int, co
         repeats=repeats,
         compile_all_devices=device == "flagos",
     )
-    return 1.0 / statistics.median(per_token)
+    return 1.0 / median(per_token)
 
 
 class _Rows(dict):
@@ -99,9 +119,18 @@ def _parity(model, ids, expected: torch.Tensor, actual: torch.Tensor, what: str,
 
 
 def graphs_main(
-    master, spec, reference: str, configs: list[str], new_tokens: int, repeats: int, use_config
+    master,
+    spec,
+    reference: str,
+    configs: list[str],
+    new_tokens: int,
+    repeats: int,
+    use_config,
+    rec,
+    shape_id: str,
 ) -> int:
-    """``use_config(config, native_file)`` loads a routing config (qwen3.py's)."""
+    """``use_config(config, native_file)`` loads a routing config (qwen3.py's); ``rec`` records the ratios,
+    their ids after ``shape_id`` (benchmarks.qwen3_records)."""
     ids = torch.randint(0, master.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     rows, failures, notes = _Rows(), [], []
     ref_model = qwen3.copy_to(master, reference)
@@ -172,33 +201,39 @@ def graphs_main(
     print(f"\ndecode tokens/s, batch 1, 16-token prompt, {new_tokens} new tokens (median of {repeats})")
     for name, value in rows.items():
         print(f"  {name:<58} {value:10.1f}")
-    native = rows.get("flagos graph (native)")
-    compiled = rows.get("flagos graph (native, compiled step)")
+    native, compiled = "flagos graph (native)", "flagos graph (native, compiled step)"
     hf_anchor = f"Hugging Face static cache ({reference}, clean process)"
-    for key, label in (
-        (f"{reference} graph (compiled step)", "flagos graph (native, compiled step) / reference's"),
-        (hf_anchor, "flagos graph (native, compiled step) / Hugging Face static"),
-    ):
-        if compiled and key in rows:
-            print(f"  {label:<58} {compiled / rows[key]:10.2f}")
-    anchors = [
-        (f"{reference} graph", "flagos graph (native) / reference graph"),
+    ratios = [  # (flagos's row, the baseline's, label, metric, the baseline as a record names it)
         (
-            f"Hugging Face static cache ({reference}, clean process)",
-            "flagos graph (native) / Hugging Face static",
+            compiled,
+            f"{reference} graph (compiled step)",
+            f"{compiled} / reference's",
+            "compiled_graph_decode",
+            None,
         ),
-        (f"{reference} eager", "flagos graph (native) / reference eager"),
+        (
+            compiled,
+            hf_anchor,
+            f"{compiled} / Hugging Face static",
+            "compiled_graph_vs_hf",
+            "HF static generate",
+        ),
+        (native, f"{reference} graph", f"{native} / reference graph", "graph_decode", None),
+        (native, hf_anchor, f"{native} / Hugging Face static", "graph_vs_hf", "HF static generate"),
+        (native, f"{reference} eager", f"{native} / reference eager", "graph_vs_eager", f"{reference} eager"),
+        (hf_static_flagos, hf_static, "Hugging Face static cache: flagos / reference", "hf_static", None),
     ]
-    if native:
-        for key, label in anchors:
-            if key in rows:
-                print(f"  {label:<58} {native / rows[key]:10.2f}")
-    if hf_static in rows and hf_static_flagos in rows:
-        label = "Hugging Face static cache: flagos / reference"
-        print(f"  {label:<58} {rows[hf_static_flagos] / rows[hf_static]:10.2f}")
-    for name, value in rows.items():
+    for name in rows:
         if name.startswith("flagos graph (") and not name.startswith("flagos graph (native"):
-            print(f"  {name + ' / reference eager':<58} {value / rows[f'{reference} eager']:10.2f}")
+            config = name.removeprefix("flagos graph (").removesuffix(")")
+            label, metric = f"{name} / reference eager", f"{config_tag(config)}graph_vs_eager"
+            ratios.append((name, f"{reference} eager", label, metric, f"{reference} eager"))
+    for row, baseline, label, metric, named in ratios:
+        if row in rows and baseline in rows:
+            ratio = rows[row] / rows[baseline]
+            print(f"  {label:<58} {ratio:10.2f}")
+            what = f"{label}, static-cache decode of {new_tokens} tokens, median of {repeats}"
+            rec.add(f"{shape_id}{metric}_speed_ratio", ratio, "speed ratio", detail=what, baseline=named)
     for note in notes:
         print(f"  note: {note}")
     for failure in failures:

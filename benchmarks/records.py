@@ -59,7 +59,7 @@ FIELDS = (
 )
 REQUIRED = tuple(f for f in FIELDS if f not in ("range", "detail"))
 MAX_DETAIL = 100
-MAX_METRIC = 44
+MAX_METRIC = 52
 METRIC_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -156,6 +156,11 @@ def describe_device() -> tuple[str, str]:
     return f"sim ({os.cpu_count()}-core CPU)", "cpu"
 
 
+def significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits (integers as they are): what a record keeps of a figure."""
+    return x if isinstance(x, int) else float(f"{x:.{digits}g}")
+
+
 class Recorder:
     """Records of one benchmark run. ``Recorder(args)`` reads ``args.json``; ``add`` writes at once, so a run
     cut short keeps the figures it had."""
@@ -207,17 +212,18 @@ class Recorder:
         detail: str = "",
         baseline: str | None = None,
     ) -> dict | None:
-        """Record one figure (``metric`` without the benchmark's prefix gets it); returns the record, or None
-        when ``--json`` was not given."""
+        """Record one figure (``metric`` without the benchmark's prefix gets it), its value and range to 4
+        significant digits, a detail over MAX_DETAIL characters cut; returns the record, or None when
+        ``--json`` was not given."""
         if self.target is None:
             return None
         if "." not in metric:
             metric = f"{self.benchmark}.{metric}"
-        record = {"metric": metric, "value": value, "kind": kind}
+        record = {"metric": metric, "value": significant(value), "kind": kind}
         if range is not None:
-            record["range"] = [min(range), max(range)]
+            record["range"] = [significant(min(range)), significant(max(range))]
         if detail:
-            record["detail"] = detail
+            record["detail"] = detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
         record.update(self.context())
         if baseline:
             record["baseline"] = baseline

@@ -173,3 +173,73 @@ def test_repository_performance_doc_matches_its_records():
     lines = report.DOC.read_text().splitlines()
     assert len(lines) <= 150
     assert max(map(len, lines)) <= report.MAX_LINE
+
+
+# Modules of benchmarks/ that are not benchmarks: what the benchmarks share, and parts of one of them.
+HELPERS = {
+    "__init__",
+    "common",
+    "records",
+    "report",
+    "host_time_diff",
+    "qwen3_graphs",
+    "qwen3_profile",
+    "qwen3_records",
+    "collectives_worker",
+}
+BENCHMARKS_DIR = records.REPO / "benchmarks"
+
+
+def test_every_benchmark_records_and_has_a_readme_line():
+    """Each benchmark takes --json from records.add_json_argument and records through a Recorder; its
+    medians come from benchmarks.common alone; benchmarks/README.md names every module, and no other."""
+    modules = sorted(p.stem for p in BENCHMARKS_DIR.glob("*.py"))
+    benchmarks = [m for m in modules if m not in HELPERS]
+    assert len(benchmarks) >= 12, benchmarks
+    for name in benchmarks:
+        source = (BENCHMARKS_DIR / f"{name}.py").read_text()
+        assert "records.add_json_argument(" in source and "records.Recorder(" in source, name
+    for name in modules:
+        assert name == "common" or "statistics" not in (BENCHMARKS_DIR / f"{name}.py").read_text(), name
+    readme = (BENCHMARKS_DIR / "README.md").read_text()
+    named = set(re.findall(r"^\| `(\w+)` \|", readme, re.M))
+    assert named == set(modules) - {"__init__"}, named ^ (set(modules) - {"__init__"})
+
+
+def test_paired_rounds_rotate_the_sides_and_ratios_summarise():
+    from benchmarks import common
+
+    calls = []
+    rounds = common.paired_rounds({s: (lambda s=s: calls.append(s) or len(calls)) for s in "ab"}, 3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert rounds == {"a": [1, 4, 5], "b": [2, 3, 6]}
+    assert common.round_order(["x", "y", "z"], 1) == ["y", "z", "x"]
+    assert common.round_order(["fl", "ref"], -1) == ["ref", "fl"]
+    assert common.round_order([], 3) == []  # qwen3: both sides train in processes of their own
+    ratio = common.Ratio.of(common.ratios([2.0, 3.0, 6.0], [2.0, 2.0, 2.0]))
+    assert (ratio.median, ratio.range, ratio.count) == (1.5, (1.0, 3.0), 3)
+    assert ratio.text() == "1.50  (1.00-3.00 over 3)"
+    with pytest.raises(ValueError, match="no ratios"):
+        common.Ratio.of([])
+
+
+def test_a_benchmark_writes_its_records_to_the_file_given(tmp_path):
+    """compiled_allocation with --json FILE: its two ratios, well formed, in FILE (not benchmarks/records)."""
+    import subprocess
+    import sys
+
+    from harness.processes import python_env
+
+    out = tmp_path / "records.jsonl"
+    command = [sys.executable, "-m", "benchmarks.compiled_allocation", "--n", "50", "--repeats", "2"]
+    proc = subprocess.run(
+        [*command, "--json", str(out)], capture_output=True, text=True, timeout=120, env=python_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = records.load(tmp_path)
+    assert [r["metric"] for r in written] == [
+        "compiled_allocation.vs_helper_time_ratio",
+        "compiled_allocation.vs_generic_time_ratio",
+    ]
+    assert all(r["command"] == "python -m benchmarks.compiled_allocation --n 50 --repeats 2" for r in written)
+    assert all(r["range"][0] <= r["range"][1] for r in written)

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks import records
 from benchmarks.distributed import overlapping_steps, rank_cpus, run_stoppably
 from harness.cpus import cpu_list, cpu_ranges
 from harness.processes import python_env
@@ -35,7 +36,7 @@ def test_training_matches_the_cpu_reference(flagos_distributed, tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--seq-len", "32", "--repeats", "1"]
-    proc = run_benchmark([*args, "--host-diff", "4", "--json", str(out)], accelerator="sim", timeout=400)
+    proc = run_benchmark([*args, "--host-diff", "4", "--results", str(out)], accelerator="sim", timeout=400)
     assert proc.returncode == 0, proc.stdout[-6000:]
     results = json.loads(out.read_text())
     assert results["native"] == "cpu" and results["world_size"] == 2
@@ -75,11 +76,25 @@ def test_training_matches_the_cpu_reference(flagos_distributed, tmp_path):
 
 
 def test_collectives_bandwidth_against_gloo(flagos_distributed, tmp_path):
-    out = tmp_path / "collectives.json"
+    out, recorded = tmp_path / "collectives.json", tmp_path / "records.jsonl"
     args = ["--parts", "collectives", "--min-mib", "0.0625", "--max-mib", "0.25", "--repeats", "1"]
-    proc = run_benchmark([*args, "--json", str(out)], accelerator="sim", timeout=200)
+    proc = run_benchmark(
+        [*args, "--results", str(out), "--json", str(recorded)], accelerator="sim", timeout=200
+    )
     assert proc.returncode == 0, proc.stdout[-6000:]
+    # --json: one record per op, the lowest ratio over the sizes (none reaches 16 MiB), against gloo.
+    lowest = {r["metric"]: r for r in records.load(tmp_path)}
+    assert sorted(lowest) == [
+        f"distributed.{op}_lowest_bw_ratio" for op in ("all_gather", "all_reduce", "reduce_scatter")
+    ]
+    assert all(
+        r["baseline"] == "cpu (gloo)" and "lowest over 0.0625-0.25 MiB" in r["detail"]
+        for r in lowest.values()
+    )
     rows = json.loads(out.read_text())["collectives"]
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        ratio = min(r["ratio"] for r in rows if r["op"] == op)
+        assert lowest[f"distributed.{op}_lowest_bw_ratio"]["value"] == records.significant(ratio)
     assert [(r["op"], r["bytes"]) for r in rows] == [
         (op, size) for op in ("all_reduce", "all_gather", "reduce_scatter") for size in (65536, 262144)
     ]
@@ -167,17 +182,35 @@ def test_side_by_side_launches_take_turns(flagos_distributed, tmp_path):
     out = tmp_path / "train.json"
     args = ["--parts", "train", "--strategies", "ddp", "--steps", "11", "--warmup", "1", "--seq-len", "32"]
     proc = run_benchmark(
-        [*args, "--repeats", "2", "--side-by-side", "--bind-cpus", "split", "--json", str(out)],
+        [
+            *args,
+            "--repeats",
+            "2",
+            "--side-by-side",
+            "--bind-cpus",
+            "split",
+            "--results",
+            str(out),
+            "--json",
+            "-",
+        ],
         accelerator="sim",
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     (row,) = json.loads(out.read_text())["train"]
+    # --json -: the step-time ratio's record, printed, its range the paired blocks'.
+    (printed,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"metric"')]
+    assert printed["metric"] == "distributed.ddp_step_time_ratio" and printed["baseline"] == "cpu (gloo)"
+    assert printed["range"] == [
+        records.significant(min(row["block_ratios"])),
+        records.significant(max(row["block_ratios"])),
+    ]
     assert row["rank0_cpus"] == cpu_ranges(rank_cpus("split", 2)[0])
     assert row["losses_equal"] and len(row["flagos_losses"]) == 11
     assert len(row["block_ratios"]) == 4 and all(r > 0 for r in row["block_ratios"])  # 2 blocks, 2 runs
     assert len(row["per_run_ratios"]) == 2
-    assert ", 4) |" in proc.stdout  # the table's paired column: median (range, pairs)
+    assert " over 4) |" in proc.stdout  # the table's paired column: median  (range over pairs)
 
 
 def test_overlapping_timed_steps_are_found():
@@ -313,7 +346,7 @@ def test_qwen3_06b_training_matches_cuda_on_nccl(flagos_distributed, tmp_path):
     benchmarks/distributed.py itself (scripts/gpu/all.sh multi-gpu)."""
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
-    args = ["--parts", "train", "--steps", "6", "--warmup", "2", "--repeats", "1", "--json", str(out)]
+    args = ["--parts", "train", "--steps", "6", "--warmup", "2", "--repeats", "1", "--results", str(out)]
     proc = run_benchmark(args, accelerator="cuda", timeout=500)
     assert proc.returncode == 0, proc.stdout[-6000:]
     for row in json.loads(out.read_text())["train"]:
