@@ -24,6 +24,9 @@ SUBPROCESS_TIMEOUT_S = 90
 
 
 def pytest_collection_modifyitems(config, items):
+    # The tests marked slow go first: where several workers run the suite (scripts/test.sh), the long ones
+    # then overlap the many short ones instead of running alone at the end. The sort is stable.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")

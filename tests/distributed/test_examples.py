@@ -11,6 +11,7 @@ from harness.processes import python_env
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.slow
 def test_torchrun_example(launch, strategy):  # `launch`: skips where the flagos backend is unavailable
     pytest.importorskip("transformers")
     env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})

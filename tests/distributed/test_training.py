@@ -24,6 +24,7 @@ def test_ddp(launch, world_size):
         assert r.get("qwen3") == (["qwen3_find_unused_False", "qwen3_find_unused_True"] if qwen3 else None)
 
 
+@pytest.mark.slow
 def test_fsdp2_and_checkpoint_resharding(launch, tmp_path):
     results = (
         launch("training", "run_fsdp", 2, args={"checkpoint": str(tmp_path)}, timeout=240).check().results

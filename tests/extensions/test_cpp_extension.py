@@ -224,6 +224,7 @@ def test_from_native_refuses_memory_flagos_did_not_allocate(ext):
         ext.adopt_host_memory(torch.ones(3, device="flagos"))
 
 
+@pytest.mark.slow
 def test_example_custom_op_builds_and_runs(build_root, run_python):
     """examples/custom_op: its CPU (or CUDA) kernel through the native route, its flagos kernel ahead of it
     (the second build of this file, cached beside the first)."""

@@ -104,6 +104,7 @@ def test_routed_ops_fall_through_with_one_warning(run_python, tmp_path):
     assert out["reason"] in out["explain"]
 
 
+@pytest.mark.slow
 def test_disable_env(run_python, tmp_path):
     code = """
         import json, sys, torch, torch_fl

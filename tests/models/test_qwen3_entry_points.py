@@ -211,6 +211,7 @@ def test_benchmark_top_ops(run_python, qwen3):
     assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     """benchmarks/qwen3.py --compile --side-by-side: the two compiled training processes run at the same
     time and their timed steps take turns in blocks, which the table pairs (20 steps each at the least: 4
@@ -235,6 +236,7 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     assert bad.returncode != 0 and "it needs --compile and train" in bad.stderr, repr(bad)
 
 
+@pytest.mark.slow
 def test_compile_time_benchmark(run_python, qwen3):
     """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
     fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
@@ -251,6 +253,7 @@ def test_compile_time_benchmark(run_python, qwen3):
     assert len(rows) == 5 and all(row.fullmatch(line) for line in rows), out
 
 
+@pytest.mark.slow
 def test_compile_time_benchmark_steps(run_python, qwen3):
     """benchmarks/compile_time.py --steps: after the first compiled training step, steady steps on each
     device (synchronised, and the host's time per step) and the host calls flagos spends most over."""

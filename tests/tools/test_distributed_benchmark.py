@@ -32,6 +32,7 @@ def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subpr
     return subprocess.CompletedProcess(command, returncode, output, None)
 
 
+@pytest.mark.slow
 def test_training_matches_the_cpu_reference(flagos_distributed, tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "train.json"
@@ -174,6 +175,7 @@ def test_collective_overhead_bad_arguments_are_named(args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_side_by_side_launches_take_turns(flagos_distributed, tmp_path):
     """--side-by-side: flagos and the CPU reference launched at once; after the warm-up step their steps
     take turns (the benchmark fails if two overlapped), and each block of 5 is paired with the other's.
