@@ -97,6 +97,10 @@ def _launch(
                 "FLAGOS_SIM_DEVICES": max(2, world_size),
                 "FLAGOS_TEST_STORE": store_dir or tmp,
                 "FLAGOS_ACCELERATOR": accelerator,
+                # The simulated accelerator's scenarios run as on a machine without a GPU, also on one
+                # that has a GPU: with a CUDA device visible, DDP's reducer on the simulated device fails
+                # torch's check that its staging tensor is pinned (a known defect of that combination).
+                **({"CUDA_VISIBLE_DEVICES": ""} if accelerator == "sim" else {}),
                 "GLOO_SOCKET_IFNAME": "lo",
                 "OMP_NUM_THREADS": 1,
                 **(env or {}),

@@ -49,7 +49,20 @@ def op_db():
     return opinfo.load_op_db()
 
 
-@pytest.mark.parametrize("op_name", sorted(PASSING))
+# Backed by CUDA, the jiterator's ops fail on flagos tensors: torch.cuda.jiterator's kernels take a
+# CUDAGuard of the inputs' device, which refuses a flagos device ("CUDAGuardImpl initialized with non-CUDA
+# DeviceType"). A known defect: strict, so the test says when it is fixed.
+JITERATOR_BACKED = pytest.mark.xfail(
+    REFERENCE_DEVICE == "cuda",
+    reason="torch.cuda.jiterator's CUDAGuard refuses flagos tensors backed by CUDA",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize(
+    "op_name",
+    [pytest.param(n, marks=JITERATOR_BACKED) if n.startswith("jiterator_") else n for n in sorted(PASSING)],
+)
 def test_op_still_passes(op_db, op_name):
     if op_name not in op_db:
         # The list is generated with the torch CI installs; older torch versions lack some OpInfos.
