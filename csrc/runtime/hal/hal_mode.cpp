@@ -45,20 +45,16 @@ class HalMode final : public RuntimeMode {
 
   void copy_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
                   const c10::Stream& stream) const override {
-    switch (kind) {
-      case CopyKind::kHostToDevice:
-        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_HOST_TO_DEVICE, hal_stream(stream)),
-                  "flagos_memcpy_async (host to device)");
-        return;
-      case CopyKind::kDeviceToHost:
-        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_HOST, hal_stream(stream)),
-                  "flagos_memcpy_async (device to host)");
-        return;
-      case CopyKind::kDeviceToDevice:
-        check_hal(hal().memcpy_async(dst, src, nbytes, FLAGOS_MEMCPY_DEVICE_TO_DEVICE, hal_stream(stream)),
-                  "flagos_memcpy_async (device to device)");
-        return;
-    }
+    const bool to_host = kind == CopyKind::kDeviceToHost;
+    const bool from_host = kind == CopyKind::kHostToDevice;
+    check_hal(hal().memcpy_async(dst, src, nbytes,
+                                 from_host ? FLAGOS_MEMCPY_HOST_TO_DEVICE
+                                 : to_host ? FLAGOS_MEMCPY_DEVICE_TO_HOST
+                                           : FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
+                                 hal_stream(stream)),
+              from_host ? "flagos_memcpy_async (host to device)"
+              : to_host ? "flagos_memcpy_async (device to host)"
+                        : "flagos_memcpy_async (device to device)");
   }
 
   void copy_between_devices(void* dst, c10::DeviceIndex /*dst_device*/, const void* src,
