@@ -1,5 +1,6 @@
 // A deliberately incomplete HAL for the loader tests: it exports the identity functions only, and
-// FAKE_HAL_ABI_VERSION lets one build claim an ABI the loader does not know.
+// FAKE_HAL_ABI_VERSION lets one build claim an ABI the loader does not know (the other claims the current
+// one, FLAGOS_HAL_ABI_VERSION).
 #include <flagos/hal.h>
 
 extern "C" {

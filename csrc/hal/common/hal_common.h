@@ -1,6 +1,7 @@
-// Pieces every HAL implementation shares: the thread-local last-error message, status names and the
-// registry that turns stream/event handles into checked ids. Header-only and compiled into each HAL
-// library with hidden visibility, so every library keeps its own copy of the state.
+// Pieces every HAL implementation shares: the thread-local last-error message, status names, the
+// registry that turns stream/event/module handles into checked ids, and the kernel entries' checks.
+// Header-only and compiled into each HAL library with hidden visibility, so every library keeps its own
+// copy of the state.
 #pragma once
 
 #include <flagos/hal.h>
@@ -39,7 +40,7 @@ inline const char* status_name(flagos_status_t status) {
     case FLAGOS_ERROR_INVALID_POINTER:
       return "FLAGOS_ERROR_INVALID_POINTER: pointer not allocated by this HAL or already freed";
     case FLAGOS_ERROR_INVALID_HANDLE:
-      return "FLAGOS_ERROR_INVALID_HANDLE: invalid or destroyed stream or event handle";
+      return "FLAGOS_ERROR_INVALID_HANDLE: invalid or destroyed stream, event or module handle";
     case FLAGOS_ERROR_NOT_READY:
       return "FLAGOS_ERROR_NOT_READY: work still pending";
     case FLAGOS_ERROR_NO_DEVICE:
@@ -117,6 +118,66 @@ Handle to_handle(uintptr_t id) {
 inline flagos_status_t invalid_handle(const char* kind, const void* handle) {
   return fail(FLAGOS_ERROR_INVALID_HANDLE, std::string(kind) + " handle " + pointer_string(handle) +
                                                " is not valid (destroyed or never created)");
+}
+
+// The functions of one loaded module by name, each resolved once: the same name gives the same object,
+// whose address is the function handle, until the module is unloaded.
+template <typename Function>
+class FunctionTable {
+ public:
+  // `resolve(Function*)` fills a new entry and returns its status; a failure adds nothing.
+  template <typename Resolve>
+  flagos_status_t get(const char* name, Function** function, Resolve&& resolve) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<Function>& slot = functions_[name];
+    if (slot == nullptr) {
+      auto created = std::make_unique<Function>();
+      if (flagos_status_t status = resolve(created.get()); status != FLAGOS_SUCCESS) {
+        functions_.erase(name);
+        return status;
+      }
+      slot = std::move(created);
+    }
+    *function = slot.get();
+    return FLAGOS_SUCCESS;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::unique_ptr<Function>> functions_;
+};
+
+// The checks every flagos_module_get_function makes before looking the name up.
+inline flagos_status_t check_get_function(const void* module, const char* name, const void* function) {
+  if (name == nullptr || function == nullptr) {
+    return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_module_get_function: name or function is NULL");
+  }
+  if (module == nullptr)
+    return fail(FLAGOS_ERROR_INVALID_HANDLE, "flagos_module_get_function: module is NULL");
+  return FLAGOS_SUCCESS;
+}
+
+// The argument checks every flagos_launch_kernel makes before resolving its stream.
+inline flagos_status_t check_launch(const void* function, const flagos_launch_config_t* config,
+                                    const void* params, size_t params_size) {
+  if (function == nullptr || config == nullptr) {
+    return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_launch_kernel: function or config is NULL");
+  }
+  if (params == nullptr && params_size != 0) {
+    return fail(FLAGOS_ERROR_INVALID_VALUE,
+                "flagos_launch_kernel: params is NULL but params_size is " + std::to_string(params_size));
+  }
+  return FLAGOS_SUCCESS;
+}
+
+inline bool launches_nothing(const flagos_launch_config_t& config) {
+  return config.grid[0] == 0 || config.grid[1] == 0 || config.grid[2] == 0;
+}
+
+inline flagos_status_t device_mismatch(int function_device, int stream_device) {
+  return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_launch_kernel: a function loaded for device " +
+                                              std::to_string(function_device) + " on a stream of device " +
+                                              std::to_string(stream_device));
 }
 
 }  // namespace flagos::hal::detail

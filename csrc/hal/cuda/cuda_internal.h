@@ -1,5 +1,5 @@
 // The CUDA HAL's internals, shared by the files of libflagos_hal_cuda.so. Plain C++ over the CUDA
-// runtime API; no device code, so no nvcc.
+// runtime API (and the driver API for kernels, cuda_kernel.cpp); no device code, so no nvcc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,9 +56,14 @@ struct CudaStream {
   cudaStream_t stream;
   int device;
   bool is_default;  // the legacy default stream (stream 0) of `device`, never destroyed
+  bool borrowed;    // a stream this HAL did not create (flagos_stream_from_native_handle), never destroyed
 };
 
 // Resolves a handle (NULL = default stream of the current device) to a live stream.
 flagos_status_t resolve_stream(flagos_stream_t handle, std::shared_ptr<CudaStream>* stream);
+
+// The handle of a native stream of `device` this HAL did not create: the same one for the same stream; the
+// device's default handle for the legacy default stream.
+flagos_status_t borrowed_stream(int device, cudaStream_t native, flagos_stream_t* stream);
 
 }  // namespace flagos::hal::cuda

@@ -4,7 +4,9 @@
 // stream also is; operations on it switch to its device first, since stream 0 means "the current
 // device's". Streams this HAL creates are non-blocking, so they never serialize with stream 0 implicitly
 // (matching the simulated accelerator, where streams are unordered unless joined with events).
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_internal.h"
@@ -37,7 +39,8 @@ flagos_stream_t default_handle(int device) {
   if (handles->size() <= static_cast<size_t>(device)) handles->resize(device + 1, nullptr);
   flagos_stream_t& handle = (*handles)[device];
   if (handle == nullptr) {
-    auto stream = std::make_shared<CudaStream>(CudaStream{nullptr, device, /*is_default=*/true});
+    auto stream =
+        std::make_shared<CudaStream>(CudaStream{nullptr, device, /*is_default=*/true, /*borrowed=*/false});
     handle = detail::to_handle<flagos_stream_t>(stream_registry().add(std::move(stream)));
   }
   return handle;
@@ -69,6 +72,24 @@ flagos_status_t query_result(cudaError_t error, const char* call) {
 }
 
 }  // namespace
+
+flagos_status_t borrowed_stream(int device, cudaStream_t native, flagos_stream_t* stream) {
+  if (native == nullptr || native == cudaStreamLegacy) {
+    *stream = default_handle(device);
+    return FLAGOS_SUCCESS;
+  }
+  static std::mutex* mutex = new std::mutex;
+  static auto* handles = new std::map<std::pair<int, cudaStream_t>, flagos_stream_t>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  flagos_stream_t& handle = (*handles)[{device, native}];
+  if (handle == nullptr) {
+    auto wrapped =
+        std::make_shared<CudaStream>(CudaStream{native, device, /*is_default=*/false, /*borrowed=*/true});
+    handle = detail::to_handle<flagos_stream_t>(stream_registry().add(std::move(wrapped)));
+  }
+  *stream = handle;
+  return FLAGOS_SUCCESS;
+}
 
 flagos_status_t resolve_stream(flagos_stream_t handle, std::shared_ptr<CudaStream>* stream) {
   if (handle != nullptr) return find_stream(handle, stream);
@@ -108,7 +129,8 @@ FLAGOS_HAL_API flagos_status_t flagos_stream_create(int device, int priority, fl
       status != FLAGOS_SUCCESS) {
     return status;
   }
-  auto wrapped = std::make_shared<CudaStream>(CudaStream{created, device, /*is_default=*/false});
+  auto wrapped =
+      std::make_shared<CudaStream>(CudaStream{created, device, /*is_default=*/false, /*borrowed=*/false});
   *stream = detail::to_handle<flagos_stream_t>(stream_registry().add(std::move(wrapped)));
   return FLAGOS_SUCCESS;
 }
@@ -118,6 +140,11 @@ FLAGOS_HAL_API flagos_status_t flagos_stream_destroy(flagos_stream_t stream) {
   if (flagos_status_t status = find_stream(stream, &found); status != FLAGOS_SUCCESS) return status;
   if (found->is_default)
     return fail(FLAGOS_ERROR_INVALID_HANDLE, "the default stream of a device cannot be destroyed");
+  if (found->borrowed) {
+    return fail(
+        FLAGOS_ERROR_INVALID_HANDLE,
+        "a stream from flagos_stream_from_native_handle belongs to its creator and cannot be destroyed");
+  }
   found = stream_registry().remove(stream);
   if (found == nullptr) return detail::invalid_handle("stream", stream);
   // Returns at once; CUDA finishes the pending work and then releases the stream.

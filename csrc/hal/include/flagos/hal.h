@@ -18,10 +18,14 @@
  *    complete them before returning (CUDA does this for pageable memory).
  *  - An event record and its stream agree: once the stream's last recorded event is complete the stream
  *    queries idle, and once the stream is synchronised its events query complete.
+ *  - Kernels are binaries the accelerator loads (modules) and launches on a stream in stream order; what a
+ *    binary is belongs to the accelerator (a cubin, fatbin or PTX on CUDA; a host shared library on sim).
  *
- * What a vendor must make fast: the runtime's HAL mode (csrc/runtime/hal/) calls every function here
- * except flagos_memset, flagos_memset_async, flagos_launch_host_func, flagos_stream_get_device and
- * flagos_stream_destroy, which are part of the ABI and of the conformance suite but not load-bearing today.
+ * What a vendor must make fast: the runtime (csrc/runtime/) calls every function here except
+ * flagos_memset, flagos_memset_async, flagos_launch_host_func, flagos_stream_get_device,
+ * flagos_stream_destroy and flagos_module_unload, which are part of the ABI and of the conformance suite but
+ * not load-bearing today. flagos_launch_kernel is on the path of every replayed kernel launch: no lock
+ * there beyond the stream handle's lookup.
  */
 #ifndef FLAGOS_HAL_H_
 #define FLAGOS_HAL_H_
@@ -40,7 +44,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a function is added or a signature changes; the loader refuses a mismatch. */
-#define FLAGOS_HAL_ABI_VERSION 1
+#define FLAGOS_HAL_ABI_VERSION 2
 
 typedef enum flagos_status {
   FLAGOS_SUCCESS = 0,
@@ -48,7 +52,7 @@ typedef enum flagos_status {
   FLAGOS_ERROR_INVALID_DEVICE = 2,  /* device index out of range */
   FLAGOS_ERROR_OUT_OF_MEMORY = 3,   /* allocation could not be satisfied */
   FLAGOS_ERROR_INVALID_POINTER = 4, /* pointer not allocated here, or already freed */
-  FLAGOS_ERROR_INVALID_HANDLE = 5,  /* stream or event handle not valid (destroyed, wrong kind) */
+  FLAGOS_ERROR_INVALID_HANDLE = 5,  /* stream, event or module handle not valid (destroyed, wrong kind) */
   FLAGOS_ERROR_NOT_READY = 6,       /* query: work still pending (not a failure) */
   FLAGOS_ERROR_NO_DEVICE = 7,       /* the accelerator has no usable device */
   FLAGOS_ERROR_NOT_SUPPORTED = 8,   /* valid request this accelerator cannot do */
@@ -95,6 +99,22 @@ typedef struct flagos_event_s* flagos_event_t;
 #define FLAGOS_EVENT_BLOCKING_SYNC 2u  /* synchronize may sleep instead of spinning */
 
 typedef void (*flagos_host_fn_t)(void* user_data);
+
+typedef struct flagos_module_s* flagos_module_t;
+typedef struct flagos_function_s* flagos_function_t;
+
+typedef struct flagos_launch_config {
+  unsigned int grid[3];      /* programs (CUDA blocks) per dimension */
+  unsigned int block[3];     /* threads per program */
+  unsigned int shared_bytes; /* dynamic shared memory per program */
+} flagos_launch_config_t;
+
+/* Host kernels of the simulated accelerator: called once per program, in order, on the stream's worker. */
+typedef struct flagos_host_kernel_context {
+  unsigned int grid[3];
+  unsigned int program_id[3];
+} flagos_host_kernel_context_t;
+typedef void (*flagos_host_kernel_t)(const flagos_host_kernel_context_t* context, const void* params);
 
 /* --- identity and errors --------------------------------------------------------------------------- */
 FLAGOS_HAL_API int flagos_hal_abi_version(void);
@@ -145,6 +165,45 @@ FLAGOS_HAL_API flagos_status_t flagos_launch_host_func(flagos_stream_t stream, f
                                                        void* user_data);
 /* The vendor's own stream handle (cudaStream_t on CUDA; the flagos handle itself on sim). */
 FLAGOS_HAL_API flagos_status_t flagos_stream_get_native_handle(flagos_stream_t stream, void** handle);
+
+/* A flagos_stream_t for a stream of the vendor runtime that this HAL did not create (torch's own CUDA
+ * streams when flagos is backed by CUDA). CUDA: `native` is a cudaStream_t of `device`; the same native
+ * stream gives the same handle every time, and the legacy default stream (NULL, cudaStreamLegacy) gives the
+ * device's default handle. Such handles are never destroyed by the HAL (flagos_stream_destroy on them is
+ * INVALID_HANDLE); the native stream must outlive their use. Sim: NOT_SUPPORTED. */
+FLAGOS_HAL_API flagos_status_t flagos_stream_from_native_handle(int device, void* native,
+                                                                flagos_stream_t* stream);
+
+/* --- kernels --------------------------------------------------------------------------------------- */
+/* Loads a kernel binary for `device`. CUDA: a cubin, fatbin or PTX (cuModuleLoadData into the device's
+ * primary context). Sim: the path of a host shared library (its bytes; a trailing NUL is optional),
+ * dlopen'ed; a path that does not exist is INVALID_VALUE naming it. Module handles are checked: an unknown
+ * or unloaded one is INVALID_HANDLE. */
+FLAGOS_HAL_API flagos_status_t flagos_module_load(int device, const void* image, size_t size,
+                                                  flagos_module_t* module);
+/* Work already queued still runs. Its functions become invalid. */
+FLAGOS_HAL_API flagos_status_t flagos_module_unload(flagos_module_t module);
+/* A kernel of the module by name (CUDA: cuModuleGetFunction; sim: dlsym of a flagos_host_kernel_t); an
+ * unknown name is INVALID_VALUE naming it. The same name gives the same handle. A function handle is the
+ * address of the HAL's object, not a checked id (launches stay lock-free): it is valid while its module is
+ * loaded, and using it afterwards is the caller's error. */
+FLAGOS_HAL_API flagos_status_t flagos_module_get_function(flagos_module_t module, const char* name,
+                                                          flagos_function_t* function);
+/* Byte offset and size of parameter `index` in the kernel's parameter buffer (CUDA: cuFuncGetParamInfo;
+ * NOT_SUPPORTED on drivers before CUDA 12.4). An index past the last parameter is INVALID_VALUE. Sim:
+ * NOT_SUPPORTED (host kernels carry no parameter metadata). */
+FLAGOS_HAL_API flagos_status_t flagos_function_get_param_info(flagos_function_t function, size_t index,
+                                                              size_t* offset, size_t* size);
+/* Queues the kernel on `stream` (on the function's device). `params` is its parameter buffer,
+ * `params_size` bytes, each parameter at its natural alignment (CUDA's kernel parameter ABI); it is copied
+ * before the call returns, so the caller may reuse it at once. A grid with a zero dimension launches
+ * nothing and succeeds. CUDA: cuLaunchKernel with the buffer as CU_LAUNCH_PARAM_BUFFER_POINTER; above 48
+ * KiB of dynamic shared memory the function's limit is raised first. Sim: the host kernel runs once per
+ * program (x fastest, then y, then z) on the stream's worker, in stream order; block and shared_bytes are
+ * ignored. */
+FLAGOS_HAL_API flagos_status_t flagos_launch_kernel(flagos_function_t function,
+                                                    const flagos_launch_config_t* config, const void* params,
+                                                    size_t params_size, flagos_stream_t stream);
 
 /* --- events ---------------------------------------------------------------------------------------- */
 /* An event is bound to the device current at creation. A never-recorded event is complete. */

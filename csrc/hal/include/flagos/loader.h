@@ -46,6 +46,14 @@ struct HalTable {
   flagos_status_t (*stream_wait_event)(flagos_stream_t, flagos_event_t);
   flagos_status_t (*launch_host_func)(flagos_stream_t, flagos_host_fn_t, void*);
   flagos_status_t (*stream_get_native_handle)(flagos_stream_t, void**);
+  flagos_status_t (*stream_from_native_handle)(int, void*, flagos_stream_t*);
+
+  flagos_status_t (*module_load)(int, const void*, size_t, flagos_module_t*);
+  flagos_status_t (*module_unload)(flagos_module_t);
+  flagos_status_t (*module_get_function)(flagos_module_t, const char*, flagos_function_t*);
+  flagos_status_t (*function_get_param_info)(flagos_function_t, size_t, size_t*, size_t*);
+  flagos_status_t (*launch_kernel)(flagos_function_t, const flagos_launch_config_t*, const void*, size_t,
+                                   flagos_stream_t);
 
   flagos_status_t (*event_create)(flagos_event_t*, unsigned int);
   flagos_status_t (*event_destroy)(flagos_event_t);
