@@ -21,6 +21,9 @@ void bind_compat_calls(pybind11::module_& m);
 // csrc/python/memory_history.cpp: torch.flagos.memory's allocator history and snapshot (HAL accelerators).
 void bind_memory_history(pybind11::module_& m);
 
+// csrc/python/kernel_launch.cpp: kernel binaries loaded and launched through the HAL (private).
+void bind_kernel_launch(pybind11::module_& m);
+
 // csrc/python/python_route_caller.cpp: lets the ops layer call Python implementations (python and
 // flaggems backends) and load FlagGems on first need.
 void install_python_route();

@@ -216,6 +216,7 @@ PYBIND11_MODULE(_C, m) {
   flagos::python::bind_compiled_code(m);
   flagos::python::bind_memory_history(m);
   flagos::python::bind_compat_calls(m);
+  flagos::python::bind_kernel_launch(m);
   flagos::python::install_python_route();
 #if FLAGOS_HAVE_C10D
   if (py::module_::import("torch.distributed").attr("is_available")().cast<bool>()) {

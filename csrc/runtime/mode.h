@@ -28,6 +28,8 @@
 #include "runtime/memory_history.h"
 #include "runtime/native_device.h"
 
+struct flagos_stream_s;  // the HAL's stream (flagos/hal.h's flagos_stream_t), opaque above the runtime
+
 namespace flagos::runtime {
 
 // What a copy moves bytes between; "device" is flagos memory.
@@ -69,6 +71,8 @@ class RuntimeMode {
                                     c10::DeviceIndex src_device, size_t nbytes) const = 0;
   // Waits for the work queued on `stream` (whether a capture allows it is the caller's check).
   virtual void synchronize(const c10::Stream& stream) const = 0;
+  // The HAL stream that kernels launched on `stream` go to (runtime/kernel_launch.h).
+  virtual flagos_stream_s* launch_stream(const c10::Stream& stream) const = 0;
   // The flagos device of flagos memory whatever its label, nullopt for other memory.
   virtual std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const = 0;
   virtual NativeDevice native_device() const = 0;

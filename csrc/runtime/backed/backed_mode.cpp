@@ -14,6 +14,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <mutex>
 #include <string>
 
@@ -260,6 +261,28 @@ class BackedMode final : public RuntimeMode {
 
   void synchronize(const c10::Stream& stream) const override {
     backing_.guard->synchronizeStream(backing_.stream(stream));
+  }
+
+  // The backing stream's native handle as a HAL stream. A stream id names the same native stream for the
+  // life of the process, so the last few answers are kept per thread, and the common case takes no lock.
+  flagos_stream_t launch_stream(const c10::Stream& stream) const override {
+    struct Known {
+      c10::DeviceIndex device = -1;
+      c10::StreamId id = 0;
+      flagos_stream_t handle = nullptr;
+    };
+    thread_local std::array<Known, 4> known;
+    thread_local size_t next = 0;
+    for (const Known& k : known) {
+      if (k.id == stream.id() && k.device == stream.device_index()) return k.handle;
+    }
+    check_device_index(stream.device_index());
+    void* native = backing_.guard->getStreamNativeHandle(backing_.stream(stream));
+    flagos_stream_t handle = nullptr;
+    check_hal(hal().stream_from_native_handle(stream.device_index(), native, &handle),
+              "flagos_stream_from_native_handle");
+    known[next++ % known.size()] = Known{stream.device_index(), stream.id(), handle};
+    return handle;
   }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {

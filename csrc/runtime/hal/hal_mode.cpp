@@ -65,6 +65,7 @@ class HalMode final : public RuntimeMode {
   }
 
   void synchronize(const c10::Stream& stream) const override { hal_mode::synchronize(stream); }
+  flagos_stream_t launch_stream(const c10::Stream& stream) const override { return hal_stream(stream); }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {
     return owned_memory_device(ptr);
