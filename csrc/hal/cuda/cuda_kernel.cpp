@@ -196,6 +196,8 @@ FLAGOS_HAL_API flagos_status_t flagos_module_get_function(flagos_module_t module
     return status;
   std::shared_ptr<CudaModule> found = module_registry().find(module);
   if (found == nullptr) return detail::invalid_handle("module", module);
+  DeviceGuard guard;  // lazy module loading may load the kernel now, into the module's context
+  if (flagos_status_t status = enter_context(&guard, found->device); status != FLAGOS_SUCCESS) return status;
   CudaFunction* resolved = nullptr;
   flagos_status_t status = found->functions.get(name, &resolved, [&](CudaFunction* entry) {
     CUresult result = driver().module_get_function(&entry->function, found->module, name);
