@@ -5,15 +5,19 @@ For about 20 transformer ops on tiny tensors (so that host time dominates), each
 repeat to repeat: benchmarks.common.paired_rounds) in these ways:
 
 - ``direct``: FlagGems' own function for the op (the one it would register for CUDA) on CUDA tensors;
-- ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems`` (router,
-  aliasing to CUDA, the python route's argument conversion, for out overloads the adapter's copy);
+- ``route``: the torch call on flagos tensors with the overloads it may reach routed to ``flaggems``: after
+  the warm-up, each signature's recorded launches replayed from C++ (csrc/ops/routes/launch_replay.h);
+- ``python``: the same with replay off (``torch_fl.routing.set_replay(False)``): the router, aliasing to
+  CUDA, the python route's argument conversion and FlagGems' Python wrapper on every call;
 - ``torch``: the same torch call on CUDA tensors with FlagGems' function registered for the op's CUDA
   kernel (as ``flag_gems.enable()`` registers it, in a ``torch.library`` scope that lives only while this
   way is timed): FlagGems as its own users run it, torch's Python binding and dispatcher included;
 - ``native``: the torch call on CUDA tensors (torch's CUDA kernels), for scale.
 
-Printed per op: microseconds per launch, ``route / direct`` and ``route - direct``, and ``route / torch``;
-then the medians, which ``--json`` records (``vs_direct_...``, ``vs_torch_...``). ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
+Printed per op: microseconds per launch, ``route / native``, ``route / direct`` and ``route - direct``, and
+``route / torch``; then the medians, which ``--json`` records (``vs_native_...`` over the launch set
+add, mul, silu, rms_norm, softmax, embedding, cat; ``vs_direct_...``, ``vs_torch_...``), and how many
+flaggems calls were replayed. ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
 call costs before it reaches a kernel (the Python binding, the dispatcher, autograd's no-grad check);
 ``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
@@ -75,6 +79,7 @@ def tensors(device: str) -> SimpleNamespace:
         b1=t(2, 8, 8),
         b2=t(2, 8, 8),
         x=t(4, 16),
+        w=t(16),
         idx=torch.tensor([0, 2, 4, 6], device=device),
         table=t(32, 16),
         ids=torch.tensor([[1, 5, 7]], device=device),
@@ -100,6 +105,12 @@ CASES = {
         lambda f, T: f(T.a, 2),
     ),
     "silu": (["aten::silu.out"], lambda T: F.silu(T.a), "aten::silu", lambda f, T: f(T.a)),
+    "rms_norm": (
+        ["aten::rms_norm"],
+        lambda T: F.rms_norm(T.x, (16,), T.w, 1e-6),
+        "aten::rms_norm",
+        lambda f, T: f(T.x, [16], T.w, 1e-6),
+    ),
     "softmax": (
         ["aten::_softmax.out"],
         lambda T: torch.softmax(T.x, -1),
@@ -174,6 +185,22 @@ STAND_IN_CASES = {
     "max_dim": (["aten::max.dim"], lambda T: T.x.max(-1), "aten::max.dim", lambda f, T: f(T.x, -1)),
     "index_select": CASES["index_select"],
 }
+
+
+# The ops whose median route / native time the replay of FlagGems launches is measured by.
+LAUNCH_SET = ("add", "mul", "silu", "rms_norm", "softmax", "embedding", "cat")
+
+
+@contextlib.contextmanager
+def routed(ops, replay: bool = True):
+    """`ops` routed to flaggems while the block runs, with launch replay on or off."""
+    was = routing.replay_enabled()
+    routing.set_replay(replay)
+    try:
+        with routing.override({op: "flaggems" for op in ops}):
+            yield
+    finally:
+        routing.set_replay(was)
 
 
 @contextlib.contextmanager
@@ -255,11 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, flag-gems {_flaggems.load().version}, {where}, N={args.n}, repeats={args.repeats}"
     )
     print(
-        f"{'op':13} {'native us':>9} {'direct us':>9} {'torch us':>9} {'route us':>9} {'route/direct':>12} "
-        f"{'diff us':>8} {'route/torch':>11}"
+        f"{'op':13} {'native us':>9} {'direct us':>9} {'torch us':>9} {'python us':>9} {'route us':>9} "
+        f"{'route/native':>12} {'route/direct':>12} {'diff us':>8} {'route/torch':>11}"
     )
     rows, ratios, torch_ratios = [], [], []
     routable = set(_flaggems.routable_ops())
+    routing.reset_counts()
     with torch.no_grad():
         for name in names:
             ops, call, gems_op, direct_call = cases[name]
@@ -297,13 +325,23 @@ def main(argv: list[str] | None = None) -> int:
                         "route": (
                             lambda c=call: c(flagos),
                             torch.flagos.synchronize,
-                            lambda o=ops: routing.override({op: "flaggems" for op in o}),
+                            lambda o=ops: routed(o),
+                        ),
+                        "python": (
+                            lambda c=call: c(flagos),
+                            torch.flagos.synchronize,
+                            lambda o=ops: routed(o, replay=False),
                         ),
                     },
                     args.n,
                     args.repeats,
                 )
-                native, direct, route = times["native"], times["direct"], times["route"]
+                native, direct, route, python = (
+                    times["native"],
+                    times["direct"],
+                    times["route"],
+                    times["python"],
+                )
                 through_torch = times.get("torch")  # None with the stand-in
             except Exception as exc:  # noqa: BLE001  (one broken op must not hide the others' figures)
                 print(f"{name:13} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
@@ -319,13 +357,14 @@ def main(argv: list[str] | None = None) -> int:
                     "direct_us": direct,
                     "torch_us": through_torch,
                     "route_us": route,
+                    "python_us": python,
                 }
             )
             torch_us = "-" if through_torch is None else f"{through_torch:.1f}"
             torch_ratio_text = "-" if torch_ratio is None else f"{torch_ratio:.2f}"
             print(
-                f"{name:13} {native:9.1f} {direct:9.1f} {torch_us:>9} {route:9.1f} {route / direct:12.2f} "
-                f"{route - direct:8.1f} {torch_ratio_text:>11}"
+                f"{name:13} {native:9.1f} {direct:9.1f} {torch_us:>9} {python:9.1f} {route:9.1f} "
+                f"{route / native:12.2f} {route / direct:12.2f} {route - direct:8.1f} {torch_ratio_text:>11}"
             )
     if ratios:
         diffs = [r["route_us"] - r["direct_us"] for r in rows]
@@ -340,7 +379,43 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         record_medians(rec, len(ratios), args.stand_in, (ratios, diffs), (torch_ratios, torch_diffs))
+        record_launch_set(rec, rows, args.stand_in)
     return 0 if ratios else 1
+
+
+def record_launch_set(rec, rows: list[dict], on_stand_in: bool) -> None:
+    """route / native over LAUNCH_SET (median and worst), and the share of flaggems calls replayed."""
+    counts = routing.replay_counts()
+    calls = counts["replayed"] + counts["recorded"] + counts["python"]
+    share = counts["replayed"] / calls if calls else 0.0
+    refused = ", ".join(f"{n} x {why}" for why, n in sorted(counts["refused"].items(), key=lambda kv: -kv[1]))
+    print(
+        f"flaggems calls replayed: {counts['replayed']} of {calls} ({share:.1%}); in Python: {refused or 'none'}"
+    )
+    chosen = [r for r in rows if r["op"] in LAUNCH_SET]
+    if not chosen:
+        return
+    ratios = [r["route_us"] / r["native_us"] for r in chosen]
+    ops = ", ".join(r["op"] for r in chosen)
+    print(f"launch set ({ops}): route/native median {median(ratios):.2f}, worst {max(ratios):.2f}")
+    where = ", stand-in" if on_stand_in else ""
+    baseline = "native torch" if not on_stand_in else "native torch (CPU)"
+    rec.add(
+        "vs_native_median_ratio",
+        median(ratios),
+        "time ratio",
+        range=Ratio.of(ratios).range,
+        detail=f"{ops} on tiny tensors{where}: flaggems route (replayed launches) against {baseline}",
+        baseline=baseline,
+    )
+    rec.add(
+        "vs_native_worst_ratio",
+        max(ratios),
+        "time ratio",
+        detail=f"the slowest of {ops}{where}: flaggems route against {baseline}",
+        baseline=baseline,
+    )
+    rec.add("replayed_share", share, "share", detail=f"flaggems calls replayed during the run{where}")
 
 
 def record_medians(rec, ops: int, on_stand_in: bool, direct: tuple, through_torch: tuple) -> None:

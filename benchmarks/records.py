@@ -43,6 +43,7 @@ KINDS = {
     "speed ratio": "flagos's speed (tokens/s, GB/s) over the baseline's: above 1 flagos is faster",
     "us added": "microseconds flagos adds per call over the baseline",
     "ns added": "nanoseconds flagos adds per call over the baseline",
+    "share": "a fraction of calls (0 to 1), e.g. the flaggems calls replayed from recorded launches",
 }
 FIELDS = (
     "metric",

@@ -33,6 +33,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import sys
 import threading
 import time
 import warnings
@@ -186,6 +187,7 @@ def _load(module: ModuleType | None = None, *, require_cuda: bool = True) -> Sta
     except _Unusable as exc:
         _C._routing_set_flaggems_available(False, str(exc))
         return Status("unavailable", str(exc), version, seconds=round(time.perf_counter() - start, 3))
+    _watch_launches(module)
     _C._routing_set_flaggems_available(True, "")
     return Status(
         "available",
@@ -197,6 +199,17 @@ def _load(module: ModuleType | None = None, *, require_cuda: bool = True) -> Sta
         tuple(caught),
         round(time.perf_counter() - start, 3),
     )
+
+
+def _watch_launches(module: ModuleType) -> None:
+    """Lets the flaggems route record FlagGems' launches (torch_fl/_launch_recorder.py) through the Triton
+    it imported (a stand-in names its own in ``_torch_fl_triton``). Without a Triton of the known layout,
+    calls are never replayed: their recordings say why."""
+    from torch_fl import _launch_recorder
+
+    triton_module = getattr(module, "_torch_fl_triton", None) or sys.modules.get("triton")
+    if triton_module is not None:
+        _launch_recorder.watch(triton_module)
 
 
 # ---- Reading FlagGems' table -------------------------------------------------------------------------

@@ -42,6 +42,9 @@ __all__ = [
     "unregister_python_impl",
     "counts",
     "reset_counts",
+    "replay_counts",
+    "set_replay",
+    "replay_enabled",
     "package_config",
 ]
 
@@ -165,13 +168,32 @@ def counts() -> dict[str, int]:
     backend that ran it (after fall-through), when the router hands it over; ops with a basic flagos
     kernel (factories, views, copies) and ops that run a composite kernel (which calls routed ops, counted
     themselves) are not router calls. Counts are process-wide (summed over threads): exact for calls that
-    have returned."""
+    have returned. How the ``flaggems`` calls ran (replayed, recorded, in Python) is :func:`replay_counts`."""
     return dict(_C._routing_counts())
 
 
 def reset_counts() -> None:
-    """Sets every backend's :func:`counts` to zero."""
+    """Sets every backend's :func:`counts` and the :func:`replay_counts` to zero."""
     _C._routing_reset_counts()
+
+
+def replay_counts() -> dict:
+    """How the flaggems backend's calls ran since the process started or the last :func:`reset_counts`:
+    ``replayed`` (from a recorded launch plan, without Python), ``recorded`` (in Python while the recorder
+    watched: a signature's first calls), ``python`` (in Python, not replayable), ``refused`` (reason ->
+    calls it kept in Python) and ``ops`` (op -> its counts, its signatures and how many are armed, and
+    whether its signature cache is full). See docs/flaggems.md."""
+    return _C._replay_counts()
+
+
+def set_replay(enabled: bool) -> None:
+    """Turns the replay of recorded FlagGems launches on or off for the process (``FLAGOS_FLAGGEMS_REPLAY=0``
+    turns it off from the start). Off, every flaggems call runs FlagGems' Python wrapper."""
+    _C._replay_set_enabled(bool(enabled))
+
+
+def replay_enabled() -> bool:
+    return bool(_C._replay_enabled())
 
 
 def package_config(name: str) -> str:

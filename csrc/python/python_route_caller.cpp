@@ -25,6 +25,7 @@
 #include "ops/routes/python.h"
 #include "ops/routing/router.h"
 #include "python/bindings.h"
+#include "python/python_route_caller.h"
 
 namespace py = pybind11;
 
@@ -308,6 +309,12 @@ void resize_empty_outs(const c10::OperatorHandle& op, const CallPlan& plan,
   }
 }
 
+}  // namespace
+
+bool serves_out_overload_by_copy(const c10::OperatorHandle& op) {
+  return !plan_for(op)->is_out.empty();
+}
+
 // With the GIL held, on the aliased arguments.
 void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
@@ -338,6 +345,8 @@ void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     copy_into_outs(plan, schema, result, std::move(outs), stack);
   }
 }
+
+namespace {
 
 // The GIL is held for the whole call, aliasing and adoption included, not only around the Python call:
 // the aliases and the results get Python objects during the call, and torch keeps the Python object of
@@ -371,6 +380,7 @@ void load_flaggems() {
 
 void install_python_route() {
   ops::set_python_route_runner(&run_python_route);
+  ops::set_recording_runner(&run_recorded_python_route);
   ops::set_flaggems_loader(&load_flaggems);
 }
 

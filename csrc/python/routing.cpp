@@ -7,6 +7,7 @@
 
 #include "ops/routes/dispatch.h"
 #include "ops/routes/entry_kernels.h"
+#include "ops/routes/launch_replay.h"
 #include "ops/routing/explain.h"
 #include "ops/routing/router.h"
 #include "python/bindings.h"
@@ -131,7 +132,38 @@ void bind_routing(py::module_& m) {
       d[ops::backend_name(static_cast<ops::Backend>(i))] = counts[i];
     return d;
   });
-  m.def("_routing_reset_counts", &ops::reset_backend_call_counts);
+  m.def("_routing_reset_counts", []() {
+    ops::reset_backend_call_counts();
+    ops::replay::reset_counts();
+  });
+  // FlagGems launch replay (ops/routes/launch_replay.h): its counts, switch and signature limit.
+  m.def("_replay_counts", []() {
+    const ops::replay::Counts c = ops::replay::counts();
+    py::dict refused, per_op;
+    for (const auto& [reason, n] : c.refused) refused[py::str(reason)] = n;
+    for (const auto& [op, n] : c.ops) {
+      py::dict d;
+      d["replayed"] = n.replayed;
+      d["recorded"] = n.recorded;
+      d["python"] = n.python;
+      d["signatures"] = n.signatures;
+      d["armed"] = n.armed;
+      d["full"] = n.full;
+      per_op[py::str(op)] = d;
+    }
+    py::dict d;
+    d["replayed"] = c.replayed;
+    d["recorded"] = c.recorded;
+    d["python"] = c.python;
+    d["refused"] = refused;
+    d["ops"] = per_op;
+    return d;
+  });
+  m.def("_replay_enabled", &ops::replay::enabled);
+  m.def("_replay_set_enabled", &ops::replay::set_enabled);
+  m.def("_replay_signature_limit", &ops::replay::signature_limit);
+  m.def("_replay_set_signature_limit", &ops::replay::set_signature_limit);
+  m.def("_replay_clear_plans", &ops::replay::clear_plans);
   // The unboxed native path (ops/routes/native_unboxed.h): calls it served (reset with the counts above), and
   // the ops whose calls take it when routed to native.
   m.def("_routing_unboxed_calls", &ops::unboxed_call_count);

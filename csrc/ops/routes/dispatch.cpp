@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/routes/graph_capture.h"
+#include "ops/routes/launch_replay.h"
 #include "ops/routes/native_boxed.h"
 #include "ops/routes/native_layouts.h"
 #include "ops/routes/python.h"
@@ -88,8 +89,47 @@ void run_route_on(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_route(B, op, stack);
 }
 
-// Whether a call of `op` draws random numbers: its schema takes a generator, or it is one of the random ops
-// with an overload that takes none (they use the default generator).
+// Why FlagGems' implementation of `op` must not run inside a graph capture, or nullptr. Its random kernels
+// read the generator's seed and offset on the host when called (FlagGems 5.0), so a captured call would
+// replay the numbers drawn at capture; its in-place masked_fill_ synchronises with the device (found by
+// tools/flaggems_capture_audit on the H100, FlagGems 5.0.2), which a capture forbids.
+const char* unfit_for_capture(const c10::OperatorHandle& op) {
+  if (draws_random_numbers(op)) {
+    return "FlagGems reads the random generator's state on the host when called, so its captured call would "
+           "replay the same numbers every time";
+  }
+  const std::string& name = op.schema().name();
+  if (name == "aten::masked_fill_")
+    return "FlagGems' masked_fill_ synchronises with the device, which a capture forbids";
+  return nullptr;
+}
+
+// Inside a capture such a call takes the native route (whose random kernels read the philox state the graph
+// advances per replay), and so does a call whose signature has no launch plan to replay (its Python wrapper
+// may compile, autotune or synchronise, which a capture forbids); warned once per op.
+bool native_inside_capture(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (!runtime::is_stream_capturing(runtime::current_stream(runtime::current_device()))) return false;
+  const char* why = unfit_for_capture(op);
+  if (why == nullptr) {
+    if (!replay::enabled() || replay::has_plan(op, stack)) return false;
+    why =
+        "this call signature has no recorded launch plan to replay (run it once outside the capture, "
+        "twice for a new signature, to record one)";
+  }
+  static std::mutex mu;
+  static auto* warned = new std::unordered_set<std::string>();  // leaked: calls may come at exit
+  const std::string display = op_display_name(op.operator_name());
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned->insert(display).second) {
+    TORCH_WARN("torch_fl: ", display,
+               " runs on the native route inside a graph capture, not on flaggems: ", why,
+               " (warned once per op)");
+  }
+  return true;
+}
+
+}  // namespace
+
 bool draws_random_numbers(const c10::OperatorHandle& op) {
   for (const c10::Argument& arg : op.schema().arguments()) {
     c10::TypePtr type = arg.type();
@@ -108,41 +148,6 @@ bool draws_random_numbers(const c10::OperatorHandle& op) {
   };
   return without_generator.count(op.schema().name()) > 0;
 }
-
-// Why FlagGems' implementation of `op` must not run inside a graph capture, or nullptr. Its random kernels
-// read the generator's seed and offset on the host when called (FlagGems 5.0), so a captured call would
-// replay the numbers drawn at capture; its in-place masked_fill_ synchronises with the device (found by
-// tools/flaggems_capture_audit on the H100, FlagGems 5.0.2), which a capture forbids.
-const char* unfit_for_capture(const c10::OperatorHandle& op) {
-  if (draws_random_numbers(op)) {
-    return "FlagGems reads the random generator's state on the host when called, so its captured call would "
-           "replay the same numbers every time";
-  }
-  const std::string& name = op.schema().name();
-  if (name == "aten::masked_fill_")
-    return "FlagGems' masked_fill_ synchronises with the device, which a capture forbids";
-  return nullptr;
-}
-
-// Inside a capture such a call takes the native route (whose random kernels read the philox state the graph
-// advances per replay); warned once per op.
-bool native_inside_capture(const c10::OperatorHandle& op) {
-  const char* why = unfit_for_capture(op);
-  if (why == nullptr) return false;
-  if (!runtime::is_stream_capturing(runtime::current_stream(runtime::current_device()))) return false;
-  static std::mutex mu;
-  static auto* warned = new std::unordered_set<std::string>();  // leaked: calls may come at exit
-  const std::string display = op_display_name(op.operator_name());
-  std::lock_guard<std::mutex> lock(mu);
-  if (warned->insert(display).second) {
-    TORCH_WARN("torch_fl: ", display,
-               " runs on the native route inside a graph capture, not on flaggems: ", why,
-               " (warned once per op)");
-  }
-  return true;
-}
-
-}  // namespace
 
 const c10::BoxedKernel& route_kernel(Backend backend) {
   static const c10::BoxedKernel kernels[kNumBackends] = {
@@ -165,7 +170,7 @@ uint64_t unboxed_call_count() {
 }
 
 void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (backend == Backend::kFlagGems && native_inside_capture(op)) backend = Backend::kNative;
+  if (backend == Backend::kFlagGems && native_inside_capture(op, *stack)) backend = Backend::kNative;
   thread_calls().bump(static_cast<int>(backend));
   switch (backend) {
     case Backend::kNative:
@@ -175,6 +180,8 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
       at::native::cpu_fallback(op, stack);
       return;
     case Backend::kFlagGems:
+      run_flaggems_route(op, stack);
+      return;
     case Backend::kPython:
       run_python_route(op, stack);
       return;

@@ -39,6 +39,10 @@ void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
 // (c10::impl::BoxedKernelWrapper).
 const c10::BoxedKernel& route_kernel(Backend backend);
 
+// Whether a call of `op` draws random numbers: its schema takes a generator, or it is one of the random ops
+// with an overload that takes none (they use the default generator).
+bool draws_random_numbers(const c10::OperatorHandle& op);
+
 // Counts one call the unboxed native path served (not through run_route): a native call and an unboxed one.
 void count_unboxed_native_call();
 

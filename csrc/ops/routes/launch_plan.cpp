@@ -1,0 +1,216 @@
+#include "ops/routes/launch_plan.h"
+
+#include <ATen/Context.h>
+#include <c10/core/DefaultDtype.h>
+
+#include <cstring>
+
+namespace flagos::ops::replay {
+namespace {
+
+// Argument tags: a key records each argument's kind before its value, so that values of different kinds
+// never collide.
+enum Tag : int64_t {
+  kNone = 1,
+  kTensor,
+  kInt,
+  kDouble,
+  kBool,
+  kString,
+  kIntList,
+  kDoubleList,
+  kBoolList,
+  kTensorList,
+  kGenerator,
+  kDevice,
+};
+
+class KeyBuilder {
+ public:
+  KeyBuilder(CallKey* key, c10::SmallVectorImpl<c10::TensorImpl*>* tensors) : key_(key), tensors_(tensors) {}
+
+  void word(int64_t w) { key_->words.push_back(w); }
+
+  bool tensor(const at::Tensor& t, const char** why) {
+    if (!t.defined()) {
+      word(kNone);
+      return true;
+    }
+    if (t.device().type() != c10::DeviceType::PrivateUse1) {
+      *why = "a tensor argument that is not on flagos";
+      return false;
+    }
+    if (t.layout() != c10::kStrided) {
+      *why = "a sparse or quantized tensor argument";
+      return false;
+    }
+    word(kTensor);
+    word(static_cast<int64_t>(t.scalar_type()));
+    word(t.device().index());
+    const int64_t dim = t.dim();
+    word(dim);
+    for (int64_t s : t.sizes()) word(s);
+    for (int64_t s : t.strides()) word(s);
+    const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    word(static_cast<int64_t>(address & 15) | (t.is_conj() ? 16 : 0) | (t.is_neg() ? 32 : 0));
+    // Which earlier tensor argument shares this one's memory: a wrapper may check for overlap.
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    int64_t shared = -1;
+    for (size_t i = 0; i < tensors_->size(); ++i) {
+      if ((*tensors_)[i]->storage().unsafeGetStorageImpl() == storage) {
+        shared = static_cast<int64_t>(i);
+        break;
+      }
+    }
+    word(shared);
+    tensors_->push_back(t.unsafeGetTensorImpl());
+    return true;
+  }
+
+  bool value(const c10::IValue& v, const char** why) {
+    if (v.isNone()) {
+      word(kNone);
+    } else if (v.isTensor()) {
+      return tensor(v.toTensor(), why);
+    } else if (v.isInt()) {
+      word(kInt);
+      word(v.toInt());
+    } else if (v.isDouble()) {
+      word(kDouble);
+      const double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      word(bits);
+    } else if (v.isBool()) {
+      word(kBool);
+      word(v.toBool());
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      word(kString);
+      word(static_cast<int64_t>(s.size()));
+      for (size_t i = 0; i < s.size(); i += 8) {
+        int64_t chunk = 0;
+        std::memcpy(&chunk, s.data() + i, std::min<size_t>(8, s.size() - i));
+        word(chunk);
+      }
+    } else if (v.isIntList()) {
+      word(kIntList);
+      const auto list = v.toIntList();
+      word(static_cast<int64_t>(list.size()));
+      for (int64_t x : list) word(x);
+    } else if (v.isDoubleList()) {
+      word(kDoubleList);
+      const auto list = v.toDoubleList();
+      word(static_cast<int64_t>(list.size()));
+      for (double d : list) {
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        word(bits);
+      }
+    } else if (v.isBoolList()) {
+      word(kBoolList);
+      const auto list = v.toBoolList();
+      word(static_cast<int64_t>(list.size()));
+      for (bool b : list) word(b);
+    } else if (v.isTensorList()) {
+      word(kTensorList);
+      const auto list = v.toTensorList();
+      word(static_cast<int64_t>(list.size()));
+      for (size_t i = 0; i < list.size(); ++i) {
+        // The list holds its elements, the stack the list: their TensorImpls live through the call.
+        if (!tensor(list.get(i), why)) return false;
+      }
+    } else if (v.isOptionalTensorList()) {
+      *why = "an optional tensor list argument";
+      return false;
+    } else if (v.isGenerator()) {
+      word(kGenerator);
+    } else if (v.isDevice()) {
+      word(kDevice);
+      word(static_cast<int64_t>(v.toDevice().type()));
+      word(v.toDevice().index());
+    } else {
+      *why = "an argument of a kind the signature cannot hold";
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  CallKey* key_;
+  c10::SmallVectorImpl<c10::TensorImpl*>* tensors_;
+};
+
+}  // namespace
+
+bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, CallKey* key,
+              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, const char** why) {
+  const auto& arguments = op.schema().arguments();
+  const size_t n = arguments.size();
+  key->words.clear();
+  tensors->clear();
+  KeyBuilder builder(key, tensors);
+  builder.word(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  builder.word(at::globalContext().deterministicAlgorithms());
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(n);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = first[i];
+    if (arguments[i].is_out() && v.isTensor() && v.toTensor().defined() && v.toTensor().numel() == 0) {
+      *why = "an empty out= argument, which the call resizes";
+      return false;
+    }
+    if (!builder.value(v, why)) return false;
+  }
+  size_t h = 0xcbf29ce484222325ULL;
+  for (int64_t w : key->words) h = (h ^ static_cast<size_t>(w)) * 0x100000001b3ULL + (h >> 29);
+  key->hash = h;
+  return true;
+}
+
+bool LaunchPlan::same_as(const LaunchPlan& other) const {
+  if (device != other.device || allocation_bytes != other.allocation_bytes || random != other.random ||
+      random_increment != other.random_increment || launches.size() != other.launches.size() ||
+      outputs.size() != other.outputs.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const PlannedLaunch& a = launches[i];
+    const PlannedLaunch& b = other.launches[i];
+    if (a.function != b.function || std::memcmp(&a.dims, &b.dims, sizeof a.dims) != 0 ||
+        a.params.size() != b.params.size() || a.pointers.size() != b.pointers.size() ||
+        a.random.size() != b.random.size()) {
+      return false;
+    }
+    std::vector<uint8_t> pa = a.params;
+    std::vector<uint8_t> pb = b.params;
+    for (size_t k = 0; k < a.pointers.size(); ++k) {
+      const PointerSlot& x = a.pointers[k];
+      const PointerSlot& y = b.pointers[k];
+      if (x.param_offset != y.param_offset || x.source != y.source || x.index != y.index ||
+          x.delta != y.delta || x.divisible16 != y.divisible16) {
+        return false;
+      }
+      std::memset(pa.data() + x.param_offset, 0, sizeof(uint64_t));
+      std::memset(pb.data() + y.param_offset, 0, sizeof(uint64_t));
+    }
+    for (size_t k = 0; k < a.random.size(); ++k) {
+      const RandomSlot& x = a.random[k];
+      const RandomSlot& y = b.random[k];
+      if (x.param_offset != y.param_offset || x.size != y.size || x.value != y.value) return false;
+      std::memset(pa.data() + x.param_offset, 0, x.size);
+      std::memset(pb.data() + y.param_offset, 0, y.size);
+    }
+    if (pa != pb) return false;
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const PlannedOutput& a = outputs[i];
+    const PlannedOutput& b = other.outputs[i];
+    if (a.kind != b.kind || a.index != b.index || a.dtype != b.dtype || a.sizes != b.sizes ||
+        a.strides != b.strides || a.storage_offset != b.storage_offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace flagos::ops::replay

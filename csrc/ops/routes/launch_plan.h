@@ -1,0 +1,95 @@
+// Launch plans: what one call of a FlagGems-routed op did (the kernels it launched, the memory it
+// allocated, what it returned), recorded once per call signature and replayed from C++ on later calls
+// with the same signature, without entering Python (ops/routes/launch_replay.h).
+//
+// A signature (CallKey) is made of integers: per argument its kind and value, per tensor its dtype,
+// sizes, strides, device, view bits, the 16-byte residue of its data pointer (Triton specialises kernels
+// on pointer alignment) and which earlier argument shares its storage; plus the thread state a wrapper
+// may read (default dtype, deterministic algorithms). Two calls with the same key make the same Python
+// wrapper do the same launches, with pointers that differ only by the tensors' and allocations' addresses.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/kernel_launch.h"
+
+namespace flagos::ops::replay {
+
+struct CallKey {
+  c10::SmallVector<int64_t, 48> words;
+  size_t hash = 0;
+  bool operator==(const CallKey& other) const { return hash == other.hash && words == other.words; }
+};
+
+struct CallKeyHash {
+  size_t operator()(const CallKey& key) const { return key.hash; }
+};
+
+// The key of the call whose arguments are the last `schema.arguments().size()` values of `stack`, and
+// the flagos tensors among them in order (tensor-list elements included; the stack keeps them alive): false,
+// with `why` set, for a call no plan can serve (an argument kind the key cannot hold, a tensor that is not a
+// strided flagos tensor, an empty out= argument that the call would resize).
+bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, CallKey* key,
+              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, const char** why);
+
+// Where a recorded pointer argument points, so that a replay can compute it for new memory.
+enum class PointerSource : uint8_t { kNull, kTensor, kAllocation };
+
+struct PointerSlot {
+  uint32_t param_offset;  // byte offset in the parameter buffer
+  PointerSource source;
+  uint32_t index;    // tensor argument index or allocation index
+  int64_t delta;     // bytes from the tensor's data pointer or the allocation's start
+  bool divisible16;  // Triton assumed 16-byte alignment
+};
+
+// A scalar parameter that a random op's replay sets from the generator (Philox seed and offset).
+enum class RandomValue : uint8_t { kSeed, kOffset };
+struct RandomSlot {
+  uint32_t param_offset;
+  uint8_t size;  // 4 or 8 bytes
+  bool is_signed;
+  bool divisible16;
+  RandomValue value;
+};
+
+struct PlannedLaunch {
+  runtime::KernelFunction function = nullptr;
+  runtime::LaunchDims dims{};
+  std::vector<uint8_t> params;  // the recorded parameter buffer; pointer and random slots are rewritten
+  c10::SmallVector<PointerSlot, 8> pointers;
+  c10::SmallVector<RandomSlot, 2> random;
+};
+
+// A result of the call: one of its tensor arguments (in-place, out=), or a tensor over one of the
+// allocations (or over an argument's memory: a view of it) with the recorded geometry.
+struct PlannedOutput {
+  enum Kind : uint8_t { kArgument, kAllocation, kViewOfArgument } kind;
+  uint32_t index;  // tensor argument or allocation
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;
+  int64_t storage_offset = 0;
+};
+
+struct LaunchPlan {
+  c10::DeviceIndex device = 0;
+  std::vector<size_t> allocation_bytes;
+  std::vector<PlannedLaunch> launches;
+  std::vector<PlannedOutput> outputs;  // one per schema return, in order
+  bool random = false;                 // advances the generator by random_increment on each replay
+  uint64_t random_increment = 0;
+  // The comparison of two recordings of one signature: equal launches, allocations and outputs (random
+  // slots' recorded values excepted).
+  bool same_as(const LaunchPlan& other) const;
+};
+
+}  // namespace flagos::ops::replay

@@ -1,0 +1,362 @@
+#include "ops/routes/launch_replay.h"
+
+#include <ATen/core/Generator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "ops/routing/router.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+#include "runtime/mode.h"
+#include "runtime/stream.h"
+
+namespace flagos::ops::replay {
+namespace {
+
+// How many recordings of one signature may disagree before it is refused: an autotuner settles within
+// its first call, so a signature whose launches still differ after this many is not deterministic.
+constexpr int kMaxRecordings = 4;
+
+struct Entry {
+  std::shared_ptr<const LaunchPlan> armed;  // set once two recordings agreed on a plan
+  std::string refusal;                      // set once refused (for ever)
+  Outcome last;                             // the last recording, while neither is set
+  int recordings = 0;
+};
+
+struct OpState {
+  ska::flat_hash_map<CallKey, Entry, CallKeyHash> entries;
+  OpCounts counts;
+  bool warned_full = false;
+};
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<const void*, std::unique_ptr<OpState>> ops;  // by the op's OperatorName address
+  std::map<std::string, uint64_t> refused;
+  uint64_t replayed = 0, recorded = 0, python = 0;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // leaked: calls may come during static destruction
+  return *c;
+}
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return !(std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0 ||
+           std::strcmp(v, "no") == 0);
+}
+
+size_t env_size(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0', name, "=", v, " is not a number of signatures");
+  return static_cast<size_t>(n);
+}
+
+std::atomic<bool> g_enabled{env_flag("FLAGOS_FLAGGEMS_REPLAY", true)};
+std::atomic<size_t> g_limit{env_size("FLAGOS_FLAGGEMS_REPLAY_SIGNATURES", 256)};
+
+OpState& op_state(Cache& c, const c10::OperatorHandle& op) {
+  std::unique_ptr<OpState>& state = c.ops[&op.operator_name()];
+  if (!state) state = std::make_unique<OpState>();
+  return *state;
+}
+
+void log_decision(const c10::OperatorHandle& op, const char* what, const std::string& why) {
+  if (!dispatch_logging_enabled()) return;
+  std::string line = "[torch_fl] " + op_display_name(op.operator_name()) + " flaggems " + what;
+  if (!why.empty()) line += ": " + why;
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+// Counts one call sent to the Python path for `reason` (under the cache lock).
+void count_python(Cache& c, OpState& state, const std::string& reason) {
+  ++c.python;
+  ++state.counts.python;
+  ++c.refused[reason];
+}
+
+// ---- Replay ------------------------------------------------------------------------------------------
+
+bool fits(const RandomSlot& slot, uint64_t value) {
+  if (slot.divisible16 && value % 16 != 0) return false;
+  if (slot.size == 8) return !slot.is_signed || value <= static_cast<uint64_t>(INT64_MAX);
+  return slot.is_signed ? value <= static_cast<uint64_t>(INT32_MAX) : value <= UINT32_MAX;
+}
+
+void write_slot(uint8_t* params, const RandomSlot& slot, uint64_t value) {
+  if (slot.size == 8) {
+    std::memcpy(params + slot.param_offset, &value, 8);
+  } else {
+    const uint32_t narrow = static_cast<uint32_t>(value);
+    std::memcpy(params + slot.param_offset, &narrow, 4);
+  }
+}
+
+// Runs `plan` for the call on `stack` (its tensors in key order); false, with nothing done, when this
+// call's values do not fit what the kernels were specialised for (the call then takes the Python path).
+bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+              const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
+  uint64_t seed = 0, offset = 0;
+  std::optional<at::Generator> generator;
+  if (plan.random) {
+    generator = random_generator(op, *stack, plan.device);
+    std::lock_guard<std::mutex> lock(generator->mutex());
+    seed = generator->current_seed();
+    offset = generator->get_offset();
+    for (const PlannedLaunch& launch : plan.launches) {
+      for (const RandomSlot& slot : launch.random) {
+        if (!fits(slot, slot.value == RandomValue::kSeed ? seed : offset)) return false;
+      }
+    }
+    generator->set_offset(offset + plan.random_increment);
+  }
+  c10::OptionalDeviceGuard guard;
+  if (runtime::current_device() != plan.device)
+    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, plan.device));
+  c10::DeviceAllocator& allocator = runtime::active_mode().allocator();
+  c10::SmallVector<c10::DataPtr, 4> memory;
+  memory.reserve(plan.allocation_bytes.size());
+  for (size_t bytes : plan.allocation_bytes) memory.push_back(allocator.allocate(bytes));
+  const c10::Stream stream = runtime::current_stream(plan.device);
+  uint8_t buffer[512];
+  for (const PlannedLaunch& launch : plan.launches) {
+    TORCH_INTERNAL_ASSERT(launch.params.size() <= sizeof buffer);
+    std::memcpy(buffer, launch.params.data(), launch.params.size());
+    for (const PointerSlot& slot : launch.pointers) {
+      uintptr_t base = 0;
+      if (slot.source == PointerSource::kTensor) {
+        base = reinterpret_cast<uintptr_t>(tensors[slot.index]->data());
+      } else if (slot.source == PointerSource::kAllocation) {
+        base = reinterpret_cast<uintptr_t>(memory[slot.index].get());
+      }
+      const uintptr_t address = slot.source == PointerSource::kNull ? 0 : base + slot.delta;
+      std::memcpy(buffer + slot.param_offset, &address, sizeof address);
+    }
+    for (const RandomSlot& slot : launch.random) {
+      write_slot(buffer, slot, slot.value == RandomValue::kSeed ? seed : offset);
+    }
+    runtime::launch_kernel(launch.function, launch.dims, buffer, launch.params.size(), stream);
+  }
+  const size_t num_args = op.schema().arguments().size();
+  c10::SmallVector<c10::Storage, 4> storages(memory.size());
+  c10::SmallVector<c10::IValue, 2> results;
+  for (const PlannedOutput& out : plan.outputs) {
+    if (out.kind == PlannedOutput::kArgument) {
+      results.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(tensors[out.index])));
+      continue;
+    }
+    c10::Storage storage;
+    if (out.kind == PlannedOutput::kAllocation) {
+      c10::Storage& made = storages[out.index];
+      if (!made) {
+        const size_t bytes = plan.allocation_bytes[out.index];
+        made = c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(memory[out.index]), &allocator,
+                            /*resizable=*/true);
+      }
+      storage = made;
+    } else {
+      storage = tensors[out.index]->storage();
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                     c10::scalarTypeToTypeMeta(out.dtype));
+    impl->set_sizes_and_strides(out.sizes, out.strides, out.storage_offset);
+    results.emplace_back(at::Tensor(std::move(impl)));
+  }
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& r : results) stack->push_back(std::move(r));
+  return true;
+}
+
+}  // namespace
+
+at::Generator random_generator(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                               c10::DeviceIndex device) {
+  const auto& arguments = op.schema().arguments();
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (first[i].isGenerator()) {
+      const at::Generator& gen = first[i].toGenerator();
+      if (auto* flagos = dynamic_cast<runtime::FlagosGenerator*>(gen.unsafeGetGeneratorImpl())) {
+        return flagos->native();
+      }
+      return gen;
+    }
+  }
+  const at::Generator& gen = runtime::default_generator(device);
+  auto* flagos = dynamic_cast<runtime::FlagosGenerator*>(gen.unsafeGetGeneratorImpl());
+  return flagos != nullptr ? flagos->native() : gen;
+}
+
+bool enabled() {
+  return g_enabled.load(std::memory_order_relaxed);
+}
+void set_enabled(bool on) {
+  g_enabled.store(on, std::memory_order_relaxed);
+}
+size_t signature_limit() {
+  return g_limit.load(std::memory_order_relaxed);
+}
+void set_signature_limit(size_t limit) {
+  g_limit.store(limit, std::memory_order_relaxed);
+}
+
+Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Decision d;
+  const char* why = nullptr;
+  Cache& c = cache();
+  if (!make_key(op, *stack, &d.key, &d.tensors, &why)) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    count_python(c, op_state(c, op), why);
+    log_decision(op, "runs in Python", why);
+    return d;
+  }
+  std::shared_ptr<const LaunchPlan> plan;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    OpState& state = op_state(c, op);
+    auto it = state.entries.find(d.key);
+    if (it == state.entries.end()) {
+      if (state.entries.size() >= signature_limit()) {
+        state.counts.full = true;
+        const std::string reason = "the op's signature cache is full (FLAGOS_FLAGGEMS_REPLAY_SIGNATURES=" +
+                                   std::to_string(signature_limit()) + ")";
+        if (!state.warned_full) {
+          state.warned_full = true;
+          TORCH_WARN("torch_fl: ", op_display_name(op.operator_name()), ": ", reason,
+                     "; its new call signatures run in Python");
+        }
+        count_python(c, state, reason);
+        log_decision(op, "runs in Python", reason);
+        return d;
+      }
+      it = state.entries.emplace(d.key, Entry{}).first;
+      ++state.counts.signatures;
+    }
+    Entry& entry = it->second;
+    if (entry.armed) {
+      plan = entry.armed;
+    } else if (!entry.refusal.empty()) {
+      count_python(c, state, entry.refusal);
+      log_decision(op, "runs in Python", entry.refusal);
+      return d;
+    } else {
+      ++c.recorded;
+      ++state.counts.recorded;
+      d.kind = Decision::kRecord;
+      log_decision(op, "records", "");
+      return d;
+    }
+  }
+  if (run_plan(*plan, op, stack, d.tensors)) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    ++c.replayed;
+    ++op_state(c, op).counts.replayed;
+    log_decision(op, "replayed", "");
+    d.kind = Decision::kReplayed;
+    return d;
+  }
+  const std::string reason = "a random op's seed or offset does not fit the recorded kernel";
+  std::lock_guard<std::mutex> lock(c.mu);
+  count_python(c, op_state(c, op), reason);
+  log_decision(op, "runs in Python", reason);
+  return d;
+}
+
+bool has_plan(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  CallKey key;
+  c10::SmallVector<c10::TensorImpl*, 8> tensors;
+  const char* why = nullptr;
+  if (!enabled() || !make_key(op, stack, &key, &tensors, &why)) return false;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  OpState& state = op_state(c, op);
+  auto it = state.entries.find(key);
+  return it != state.entries.end() && it->second.armed != nullptr;
+}
+
+void learn(const c10::OperatorHandle& op, const CallKey& key, Outcome outcome) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  OpState& state = op_state(c, op);
+  auto it = state.entries.find(key);
+  if (it == state.entries.end()) return;  // forgotten meanwhile (clear_plans)
+  Entry& entry = it->second;
+  if (entry.armed || !entry.refusal.empty()) return;  // another thread settled it first
+  ++entry.recordings;
+  const bool agrees =
+      entry.recordings > 1 && (outcome.plan ? entry.last.plan && entry.last.plan->same_as(*outcome.plan)
+                                            : !entry.last.plan && entry.last.refusal == outcome.refusal);
+  if (agrees) {
+    if (outcome.plan) {
+      entry.armed = std::move(outcome.plan);
+      ++state.counts.armed;
+      log_decision(op, "armed a plan", "");
+    } else {
+      entry.refusal = outcome.refusal;
+      log_decision(op, "refused", entry.refusal);
+    }
+    entry.last = Outcome{};
+    return;
+  }
+  if (entry.recordings >= kMaxRecordings) {
+    entry.refusal = "its recordings differ from call to call";
+    log_decision(op, "refused", entry.refusal);
+    entry.last = Outcome{};
+    return;
+  }
+  entry.last = std::move(outcome);
+}
+
+Counts counts() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  Counts out;
+  out.replayed = c.replayed;
+  out.recorded = c.recorded;
+  out.python = c.python;
+  out.refused = c.refused;
+  for (const auto& [name, state] : c.ops) {
+    const auto* op_name = static_cast<const c10::OperatorName*>(name);
+    out.ops[op_display_name(*op_name)] = state->counts;
+  }
+  return out;
+}
+
+void reset_counts() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.replayed = c.recorded = c.python = 0;
+  c.refused.clear();
+  for (auto& [name, state] : c.ops) {
+    const size_t signatures = state->counts.signatures, armed = state->counts.armed;
+    const bool full = state->counts.full;
+    state->counts = OpCounts{};
+    state->counts.signatures = signatures;
+    state->counts.armed = armed;
+    state->counts.full = full;
+  }
+}
+
+void clear_plans() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.ops.clear();
+}
+
+}  // namespace flagos::ops::replay

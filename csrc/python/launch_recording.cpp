@@ -1,0 +1,321 @@
+// The flaggems route's recorder: runs one call of a new signature on the Python path while
+// torch_fl._launch_recorder watches its Triton launches and ATen calls, then turns what it saw into a
+// launch plan (ops/routes/launch_plan.h) or a refusal, and hands that to ops::replay::learn.
+//
+// Turning a recording into a plan means: every pointer argument found inside one of the call's tensor
+// arguments (as an offset from its data pointer) or one of its allocations (the latest made before the
+// launch that contains it); every result found to be an argument, a tensor over an allocation, or a view
+// of an argument; the parameter buffer laid out as the kernel's signature says and checked against what
+// the HAL reports; a random op's Philox seed and offset found among the arguments. Anything else refuses.
+#include <ATen/EmptyTensor.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "ops/routes/dispatch.h"
+#include "ops/routes/launch_replay.h"
+#include "ops/routes/native_boxed.h"
+#include "python/python_route_caller.h"
+#include "runtime/device.h"
+
+namespace py = pybind11;
+
+namespace flagos::python {
+namespace {
+
+using ops::replay::LaunchPlan;
+using ops::replay::Outcome;
+using ops::replay::PlannedLaunch;
+using ops::replay::PlannedOutput;
+using ops::replay::PointerSlot;
+using ops::replay::PointerSource;
+using ops::replay::RandomSlot;
+using ops::replay::RandomValue;
+
+// torch_fl/_launch_recorder.py's argument kinds.
+enum ParamKind : int { kPtr = 0, kI32, kI64, kU32, kU64, kFp32, kFp64 };
+
+size_t param_size(int kind) {
+  return (kind == kI32 || kind == kU32 || kind == kFp32) ? 4 : 8;
+}
+
+py::module_& recorder() {
+  static auto* module = new py::module_(py::module_::import("torch_fl._launch_recorder"));  // leaked
+  return *module;
+}
+
+// The memory one of the call's tensor arguments (as aliased for the Python call) can reach.
+struct ArgumentMemory {
+  const c10::TensorImpl* impl;
+  const void* storage_data;
+  uintptr_t data;
+  uintptr_t reach;  // bytes from `data` to the end of its last element
+};
+
+void collect_arguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                       c10::SmallVectorImpl<ArgumentMemory>* out) {
+  const size_t n = op.schema().arguments().size();
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const size_t reach =
+        t.numel() == 0 ? 0 : at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize());
+    out->push_back({t.unsafeGetTensorImpl(), t.storage().data(),
+                    reinterpret_cast<uintptr_t>(t.const_data_ptr()), static_cast<uintptr_t>(reach)});
+  };
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      add(it->toTensor());
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) add(t);
+    }
+  }
+}
+
+struct Allocation {
+  uintptr_t begin;
+  size_t bytes;
+  size_t launches_before;  // launches recorded before it was made
+};
+
+class Refused : public std::exception {
+ public:
+  explicit Refused(std::string why) : why_(std::move(why)) {}
+  const char* what() const noexcept override { return why_.c_str(); }
+
+ private:
+  std::string why_;
+};
+
+// The latest allocation made before launch `launch` that contains `address`, or -1.
+int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t address, size_t launch) {
+  for (size_t j = allocations.size(); j-- > 0;) {
+    const Allocation& a = allocations[j];
+    if (a.launches_before <= launch && address >= a.begin && address <= a.begin + a.bytes) {
+      return static_cast<int64_t>(j);
+    }
+  }
+  return -1;
+}
+
+struct RandomState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceIndex device,
+                          const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                          const std::vector<Allocation>& allocations,
+                          const std::optional<RandomState>& random) {
+  // (image, name, grid, threads, shared, params, trailing null pointers)
+  const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
+  const std::string image = t[0].cast<std::string>();
+  const std::string name = t[1].cast<std::string>();
+  const py::tuple grid = t[2].cast<py::tuple>();
+  PlannedLaunch planned;
+  planned.function = runtime::load_kernel(device, image, name);
+  for (int d = 0; d < 3; ++d)
+    planned.dims.grid[d] = d < static_cast<int>(grid.size()) ? grid[d].cast<unsigned>() : 1;
+  planned.dims.block[0] = t[3].cast<unsigned>();
+  planned.dims.block[1] = planned.dims.block[2] = 1;
+  planned.dims.shared_bytes = t[4].cast<unsigned>();
+  const py::list params = t[5].cast<py::list>();
+  const size_t trailing = t[6].cast<size_t>();
+
+  std::vector<std::pair<size_t, size_t>> layout;
+  size_t offset = 0;
+  auto place = [&](size_t size) {
+    offset = (offset + size - 1) / size * size;
+    layout.emplace_back(offset, size);
+    offset += size;
+  };
+  for (const py::handle p : params) place(param_size(p.cast<py::tuple>()[0].cast<int>()));
+  for (size_t i = 0; i < trailing; ++i) place(sizeof(void*));
+  if (const auto reported = runtime::kernel_param_layout(planned.function)) {
+    if (*reported != layout)
+      throw Refused("kernel " + name + "'s parameter layout differs from its signature");
+  }
+  planned.params.assign(offset, 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const py::tuple p = params[i].cast<py::tuple>();
+    const int kind = p[0].cast<int>();
+    const bool divisible16 = p[2].cast<bool>();
+    uint8_t* slot = planned.params.data() + layout[i].first;
+    const auto at = static_cast<uint32_t>(layout[i].first);
+    if (kind == kPtr) {
+      const auto address = static_cast<uintptr_t>(p[1].cast<uint64_t>());
+      PointerSlot s{at, PointerSource::kNull, 0, 0, divisible16};
+      if (address != 0) {
+        bool found = false;
+        for (size_t k = 0; k < arguments.size() && !found; ++k) {
+          if (address >= arguments[k].data && address <= arguments[k].data + arguments[k].reach) {
+            s = {at, PointerSource::kTensor, static_cast<uint32_t>(k),
+                 static_cast<int64_t>(address - arguments[k].data), divisible16};
+            found = true;
+          }
+        }
+        if (!found) {
+          const int64_t j = allocation_of(allocations, address, index);
+          if (j < 0)
+            throw Refused("kernel " + name +
+                          " takes a pointer into memory the call neither received nor allocated");
+          s = {at, PointerSource::kAllocation, static_cast<uint32_t>(j),
+               static_cast<int64_t>(address - allocations[j].begin), divisible16};
+        }
+      }
+      planned.pointers.push_back(s);
+    } else if (kind == kFp32) {
+      const float v = p[1].cast<float>();
+      std::memcpy(slot, &v, 4);
+    } else if (kind == kFp64) {
+      const double v = p[1].cast<double>();
+      std::memcpy(slot, &v, 8);
+    } else {
+      const py::int_ value = p[1].cast<py::int_>();
+      const bool is_signed = kind == kI32 || kind == kI64;
+      const uint64_t bits = is_signed ? static_cast<uint64_t>(value.cast<int64_t>()) : value.cast<uint64_t>();
+      std::memcpy(slot, &bits, layout[i].second);  // little-endian: the low bytes for 32-bit kinds
+      if (random) {
+        const bool is_seed = bits == random->seed, is_offset = bits == random->offset;
+        if (is_seed && is_offset)
+          throw Refused("its Philox seed and offset are equal, so their arguments are ambiguous");
+        if (is_seed || is_offset) {
+          planned.random.push_back({at, static_cast<uint8_t>(layout[i].second), is_signed, divisible16,
+                                    is_seed ? RandomValue::kSeed : RandomValue::kOffset});
+        }
+      }
+    }
+  }
+  return planned;
+}
+
+PlannedOutput plan_output(const at::Tensor& t, const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                          const std::vector<Allocation>& allocations, size_t launches) {
+  PlannedOutput out{};
+  for (size_t k = 0; k < arguments.size(); ++k) {
+    if (arguments[k].impl == t.unsafeGetTensorImpl()) {
+      out.kind = PlannedOutput::kArgument;
+      out.index = static_cast<uint32_t>(k);
+      return out;
+    }
+  }
+  out.dtype = t.scalar_type();
+  out.sizes.assign(t.sizes().begin(), t.sizes().end());
+  out.strides.assign(t.strides().begin(), t.strides().end());
+  out.storage_offset = t.storage_offset();
+  const void* storage = t.storage().data();
+  for (size_t k = 0; k < arguments.size(); ++k) {
+    if (arguments[k].storage_data == storage) {
+      out.kind = PlannedOutput::kViewOfArgument;
+      out.index = static_cast<uint32_t>(k);
+      return out;
+    }
+  }
+  const int64_t j = allocation_of(allocations, reinterpret_cast<uintptr_t>(storage), launches);
+  if (j < 0 || reinterpret_cast<uintptr_t>(storage) != allocations[j].begin) {
+    throw Refused("a result that is neither an argument nor memory the call allocated");
+  }
+  out.kind = PlannedOutput::kAllocation;
+  out.index = static_cast<uint32_t>(j);
+  return out;
+}
+
+// The plan for one recording, or the refusal it makes.
+Outcome make_outcome(const c10::OperatorHandle& op, const py::object& recording,
+                     const c10::SmallVectorImpl<ArgumentMemory>& arguments, const torch::jit::Stack& results,
+                     c10::DeviceIndex device, const std::optional<RandomState>& random_before,
+                     uint64_t random_after) {
+  Outcome outcome;
+  try {
+    const py::object refusal = recording.attr("refusal");
+    if (!refusal.is_none()) throw Refused(refusal.cast<std::string>());
+    auto plan = std::make_shared<LaunchPlan>();
+    plan->device = device;
+    std::vector<Allocation> allocations;
+    for (const py::handle a : recording.attr("allocations")) {
+      const py::tuple t = a.cast<py::tuple>();
+      allocations.push_back(
+          {static_cast<uintptr_t>(t[0].cast<uint64_t>()), t[1].cast<size_t>(), t[2].cast<size_t>()});
+      plan->allocation_bytes.push_back(allocations.back().bytes);
+    }
+    const py::list launches = recording.attr("launches");
+    if (launches.size() == 0) throw Refused("it launches no kernel");
+    for (size_t i = 0; i < launches.size(); ++i) {
+      plan->launches.push_back(plan_launch(launches[i], i, device, arguments, allocations, random_before));
+    }
+    if (random_before) {
+      bool seed = false, offset = false;
+      for (const PlannedLaunch& l : plan->launches) {
+        for (const RandomSlot& s : l.random) (s.value == RandomValue::kSeed ? seed : offset) = true;
+      }
+      if (!seed || !offset) throw Refused("its Philox seed and offset are not among its kernels' arguments");
+      plan->random = true;
+      plan->random_increment = random_after - random_before->offset;
+    }
+    for (const c10::IValue& r : results) {
+      if (!r.isTensor() || !r.toTensor().defined()) throw Refused("a result that is not a tensor");
+      plan->outputs.push_back(plan_output(r.toTensor(), arguments, allocations, launches.size()));
+    }
+    outcome.plan = std::move(plan);
+  } catch (const Refused& r) {
+    outcome.refusal = r.what();
+  }
+  return outcome;
+}
+
+}  // namespace
+
+void run_recorded_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                               const ops::replay::Decision& decision) {
+  const c10::DeviceIndex device =
+      decision.tensors.empty() ? runtime::current_device() : decision.tensors.front()->device().index();
+  std::optional<std::string> early;
+  std::optional<RandomState> random;
+  std::optional<at::Generator> generator;
+  if (ops::draws_random_numbers(op)) {
+    generator = ops::replay::random_generator(op, *stack, device);
+    try {
+      std::lock_guard<std::mutex> lock(generator->mutex());
+      random = RandomState{generator->current_seed(), generator->get_offset()};
+    } catch (const c10::Error&) {
+      early = "its generator keeps no Philox offset";
+    }
+  }
+  py::gil_scoped_acquire gil;
+  if (serves_out_overload_by_copy(op)) {
+    early = "an out= overload served by FlagGems' functional op, whose result the route copies";
+  }
+  Outcome outcome;
+  const size_t num_returns = op.schema().returns().size();
+  ops::call_on_native_aliases(
+      op, stack,
+      [&](torch::jit::Stack* s) {
+        c10::SmallVector<ArgumentMemory, 8> arguments;
+        collect_arguments(op, *s, &arguments);
+        const py::object token = recorder().attr("begin")();
+        try {
+          call_python_impl(op, s);
+        } catch (...) {
+          recorder().attr("end")(token);
+          throw;
+        }
+        const py::object recording = recorder().attr("end")(token);
+        if (early) {
+          outcome.refusal = *early;
+          return;
+        }
+        uint64_t after = 0;
+        if (random) {
+          std::lock_guard<std::mutex> lock(generator->mutex());
+          after = generator->get_offset();
+        }
+        const torch::jit::Stack results(s->end() - static_cast<std::ptrdiff_t>(num_returns), s->end());
+        outcome = make_outcome(op, recording, arguments, results, device, random, after);
+      },
+      ops::NativeCall::kPython);
+  ops::replay::learn(op, decision.key, std::move(outcome));
+}
+
+}  // namespace flagos::python

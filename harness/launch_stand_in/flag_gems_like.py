@@ -1,0 +1,243 @@
+"""A FlagGems-shaped kernel library for the simulated accelerator: wrappers written the way FlagGems writes
+them (allocate, compute a grid, launch Triton-shaped kernels, triton_like.py), each made to exercise one
+thing the launch recorder and replay engine must handle. Served as the flaggems backend by :func:`install`.
+
+Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size), ``mul.Tensor`` (an i64 size),
+``add_.Tensor`` (in place: the result is an argument), ``_softmax`` (two launches and a scratch buffer
+between them), ``fill_.Scalar`` (an fp32 value), ``sub.Tensor`` (which "autotunes": its first call of a
+signature launches three candidate kernels, later calls one).
+
+Refused, one per reason: ``neg`` (reads device data on the host), ``abs`` (runs an ATen op inside),
+``sin`` (a pointer to memory it keeps between calls), ``cos`` (launches differ on every call),
+``uniform_`` (a random op, whose simulated generator keeps no Philox offset), ``mm.out`` (an out=
+overload served by the functional ``mm``, whose result the route copies), ``exp`` (launches nothing).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from harness.launch_stand_in import triton_like
+
+__version__ = "5.0.2+launch-stand-in"
+_torch_fl_triton = triton_like  # the launcher torch_fl's recorder watches
+
+BLOCK = 64
+
+_ADD = triton_like.jit(
+    "add_kernel",
+    """
+typedef struct { const float* x; const float* y; float* out; float alpha; int32_t n; void* s0; void* s1; } P;
+void add_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) p->out[i] = p->x[i] + p->alpha * p->y[i];
+}
+""",
+    ["x", "y", "out", "alpha", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+)
+
+_MUL = triton_like.jit(
+    "mul_kernel",
+    """
+typedef struct { const float* x; const float* y; float* out; int64_t n; void* s0; void* s1; } P;
+void mul_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) p->out[i] = p->x[i] * p->y[i];
+}
+""",
+    ["x", "y", "out", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+    types={"n": "i64"},
+)
+
+_ROW_MAX = triton_like.jit(
+    "row_max_kernel",
+    """
+typedef struct { const float* x; float* row_max; int32_t cols; void* s0; void* s1; } P;
+void row_max_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  const float* row = p->x + (int64_t)c->program_id[0] * p->cols;
+  float m = row[0];
+  for (int32_t j = 1; j < p->cols; ++j) m = row[j] > m ? row[j] : m;
+  p->row_max[c->program_id[0]] = m;
+}
+""",
+    ["x", "row_max", "cols"],
+)
+
+_SOFTMAX_ROWS = triton_like.jit(
+    "softmax_rows_kernel",
+    """
+#include <math.h>
+typedef struct { const float* x; const float* row_max; float* out; int32_t cols; void* s0; void* s1; } P;
+void softmax_rows_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t r = c->program_id[0];
+  const float* row = p->x + r * p->cols;
+  float* out = p->out + r * p->cols;
+  float sum = 0;
+  for (int32_t j = 0; j < p->cols; ++j) { out[j] = expf(row[j] - p->row_max[r]); sum += out[j]; }
+  for (int32_t j = 0; j < p->cols; ++j) out[j] /= sum;
+}
+""",
+    ["x", "row_max", "out", "cols"],
+)
+
+_FILL = triton_like.jit(
+    "fill_kernel",
+    """
+typedef struct { float* out; float value; int32_t n; void* s0; void* s1; } P;
+void fill_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) p->out[i] = p->value;
+}
+""",
+    ["out", "value", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+)
+
+
+def _grid(n: int) -> tuple[int]:
+    return ((n + BLOCK - 1) // BLOCK,)
+
+
+def _flat_float(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    # The simulated accelerator's kernels run on its stream worker: their memory is flagos memory, handed
+    # out in stream order by flagos's caching allocator, as a real vendor's wrapper allocates on its device.
+    return torch.empty(x.shape, dtype=x.dtype, device=torch.device("flagos", torch.flagos.current_device()))
+
+
+def add(x, y, *, alpha=1):
+    if not (_flat_float(x, y) and x.shape == y.shape):
+        return torch.add(x, y, alpha=alpha)  # outside what the kernel takes: an ATen op (refused)
+    out = _empty_like(x)
+    _ADD[_grid(x.numel())](x, y, out, float(alpha), x.numel(), BLOCK)
+    return out
+
+
+def add_(x, y, *, alpha=1):
+    _ADD[_grid(x.numel())](x, y, x, float(alpha), x.numel(), BLOCK)
+    return x
+
+
+def mul(x, y):
+    out = _empty_like(x)
+    _MUL[_grid(x.numel())](x, y, out, x.numel(), BLOCK)
+    return out
+
+
+def softmax(x, dim, half_to_float=False):
+    rows, cols = x.numel() // x.shape[-1], x.shape[-1]
+    row_max = torch.empty(
+        rows, dtype=torch.float32, device=torch.device("flagos", torch.flagos.current_device())
+    )
+    out = _empty_like(x)
+    _ROW_MAX[(rows,)](x, row_max, cols)
+    _SOFTMAX_ROWS[(rows,)](x, row_max, out, cols)
+    return out
+
+
+def fill_(x, value):
+    _FILL[_grid(x.numel())](x, float(value), x.numel(), BLOCK)
+    return x
+
+
+_tuned: set = set()
+
+
+def sub(x, y, *, alpha=1):
+    out = _empty_like(x)
+    key = (tuple(x.shape), x.dtype)
+    if key not in _tuned:  # an autotuner's first call: every candidate runs, then the best is kept
+        _tuned.add(key)
+        for _ in range(3):
+            _ADD[_grid(x.numel())](x, y, out, -float(alpha), x.numel(), BLOCK)
+        return out
+    _ADD[_grid(x.numel())](x, y, out, -float(alpha), x.numel(), BLOCK)
+    return out
+
+
+def neg(x):
+    out = _empty_like(x)
+    if x.view(-1)[0].item() != 0:  # reads device data on the host
+        _FILL[_grid(x.numel())](out, 0.0, x.numel(), BLOCK)
+    _ADD[_grid(x.numel())](out, x, out, -1.0, x.numel(), BLOCK)
+    return out
+
+
+def abs(x):  # noqa: A001
+    return torch.where(x < 0, -x, x)
+
+
+_kept: dict = {}
+
+
+def sin(x):
+    buffer = _kept.setdefault(x.numel(), _empty_like(x))  # memory the library keeps between calls
+    _FILL[_grid(x.numel())](buffer, 0.0, x.numel(), BLOCK)
+    out = _empty_like(x)
+    _ADD[_grid(x.numel())](buffer, x, out, 1.0, x.numel(), BLOCK)
+    return out
+
+
+_counter = itertools.count()
+
+
+def cos(x):
+    out = _empty_like(x)
+    _FILL[_grid(x.numel())](out, float(next(_counter)), x.numel(), BLOCK)  # a value that changes per call
+    return out
+
+
+def uniform_(x, from_=0.0, to=1.0, *, generator=None):
+    _FILL[_grid(x.numel())](x, float(from_), x.numel(), BLOCK)
+    return x
+
+
+def mm(a, b):
+    return torch.mm(a, b)
+
+
+def exp(x):
+    return x.view(x.shape)  # no launch: nothing to replay
+
+
+_CONFIG = (
+    ("add.Tensor", add),
+    ("add_.Tensor", add_),
+    ("mul.Tensor", mul),
+    ("_softmax", softmax),
+    ("fill_.Scalar", fill_),
+    ("sub.Tensor", sub),
+    ("neg", neg),
+    ("abs", abs),
+    ("sin", sin),
+    ("cos", cos),
+    ("uniform_", uniform_),
+    ("mm", mm),
+    ("exp", exp),
+)
+
+
+def enable(lib=None, unused=None, registrar=None, record=False, once=False, path=None):
+    """FlagGems' protocol: hands the (aten op key, function) table to `registrar`."""
+    registrar(_CONFIG, user_include_ops=[], user_exclude_ops=list(unused or []), cpp_patched_ops=[], lib=lib)
+
+
+def install() -> None:
+    """Serves this library as the flaggems backend of this process (the simulated accelerator)."""
+    from torch_fl import _flaggems
+
+    status = _flaggems._install(__import__(__name__, fromlist=["enable"]))
+    if not status.available:
+        raise RuntimeError(f"the launch stand-in is unavailable: {status.reason}")

@@ -1,0 +1,264 @@
+"""Scenarios of FlagGems launch replay on the simulated accelerator, with the FlagGems-shaped stand-in of
+harness/launch_stand_in served as the flaggems backend. Run as a script in a fresh process (the backend
+is chosen once per process) by tests/flaggems/test_launch_replay.py, which asserts on each scenario's
+result: ``python tests/flaggems/replay_scenarios.py`` prints one ``RESULT`` line of JSON, scenario name ->
+"ok" or the failure's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+import warnings
+
+import torch
+
+import torch_fl
+from harness.launch_stand_in import flag_gems_like, triton_like
+from torch_fl import _C, routing
+
+DEV = "flagos"
+
+
+def rand(*shape, offset=0):
+    t = torch.randn(*shape).to(DEV)
+    if offset:
+        t = torch.randn(t.numel() + offset).to(DEV)[offset:].view(*shape)
+    return t
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+def op_counts(op):
+    return routing.replay_counts()["ops"].get(op, {})
+
+
+def fresh():
+    _C._replay_clear_plans()
+    routing.reset_counts()
+    triton_like.LAUNCHES.clear()
+
+
+def replays_after_two_agreeing_recordings():
+    fresh()
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        for _ in range(5):
+            x, y = rand(1000), rand(1000)
+            close(torch.add(x, y, alpha=2.5), x.cpu() + 2.5 * y.cpu())
+    c = op_counts("aten::add.Tensor")
+    assert (c["recorded"], c["replayed"], c["armed"]) == (2, 3, 1), c
+    assert len(triton_like.LAUNCHES) == 2, triton_like.LAUNCHES  # only the recordings ran Python
+
+
+def every_argument_kind():
+    fresh()
+    ops = {
+        n: "flaggems"
+        for n in ("aten::mul.Tensor", "aten::_softmax", "aten::fill_.Scalar", "aten::add_.Tensor")
+    }
+    with routing.override(ops):
+        for _ in range(4):
+            x, y = rand(333), rand(333)
+            close(torch.mul(x, y), x.cpu() * y.cpu())  # an i64 argument
+            m = rand(7, 19)
+            close(torch._softmax(m, -1, False), torch.softmax(m.cpu(), -1))  # two launches, a scratch buffer
+            z = rand(100)
+            assert torch.Tensor.fill_(z, 0.25) is z  # an fp32 argument; the result is the argument
+            close(z, torch.full((100,), 0.25))
+            a, b = rand(64), rand(64)
+            expected = a.cpu() + b.cpu()
+            assert a.add_(b) is a
+            close(a, expected)
+    for op in ops:
+        c = op_counts(op)
+        assert (c["recorded"], c["replayed"]) == (2, 2), (op, c)
+
+
+def signatures_apart():
+    fresh()
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        for shape in ((10,), (10,), (10,), (20,), (20,), (20,)):
+            x, y = rand(*shape), rand(*shape)
+            close(torch.add(x, y), x.cpu() + y.cpu())
+        for _ in range(3):  # a data pointer 4 bytes past 16-byte alignment: another kernel specialisation
+            x, y = rand(20, offset=1), rand(20)
+            close(torch.add(x, y), x.cpu() + y.cpu())
+        for _ in range(3):  # one tensor twice: its own signature
+            x = rand(20)
+            close(torch.add(x, x), 2 * x.cpu())
+    c = op_counts("aten::add.Tensor")
+    assert c["signatures"] == 4 and c["armed"] == 4 and c["replayed"] == 4, c
+
+
+def autotuned_first_call_is_not_replayed():
+    fresh()
+    with routing.override({"aten::sub.Tensor": "flaggems"}):
+        for _ in range(5):
+            x, y = rand(50), rand(50)
+            close(torch.sub(x, y), x.cpu() - y.cpu())
+    c = op_counts("aten::sub.Tensor")
+    assert (c["recorded"], c["replayed"]) == (3, 2), c  # 3 launches, then 1, then 1: armed on the third
+
+
+REFUSED = {
+    "aten::neg": "reads device data on the host (aten::item)",
+    "aten::abs": "runs aten::lt inside the wrapper",
+    "aten::sin": "kernel fill_kernel takes a pointer into memory the call neither received nor allocated",
+    "aten::cos": "its recordings differ from call to call",
+    "aten::uniform_": "its generator keeps no Philox offset",
+    "aten::mm.out": "an out= overload served by FlagGems' functional op, whose result the route copies",
+    "aten::exp": "it launches no kernel",
+}
+
+
+def refusals_by_reason():
+    fresh()
+    with routing.override({op: "flaggems" for op in REFUSED}):
+        for _ in range(6):
+            x = rand(40)
+            close(torch.neg(x), -x.cpu())
+            close(torch.abs(x), x.cpu().abs())
+            torch.sin(x)
+            torch.cos(x)
+            x.uniform_(0.5, 1.0)
+            a, b = rand(4, 5), rand(5, 3)
+            out = torch.empty(4, 3, device=DEV)
+            close(torch.mm(a, b, out=out), a.cpu() @ b.cpu())
+            torch.exp(x)
+    refused = routing.replay_counts()["refused"]
+    for op, reason in REFUSED.items():
+        assert refused.get(reason, 0) > 0, (op, reason, refused)
+        c = op_counts(op)
+        assert c["replayed"] == 0 and c["python"] > 0, (op, c)
+
+
+def switched_off():
+    fresh()
+    routing.set_replay(False)
+    try:
+        with routing.override({"aten::add.Tensor": "flaggems"}):
+            for _ in range(4):
+                x, y = rand(30), rand(30)
+                close(torch.add(x, y), x.cpu() + y.cpu())
+        assert routing.replay_counts()["replayed"] == 0
+        assert len(triton_like.LAUNCHES) == 4
+    finally:
+        routing.set_replay(True)
+
+
+def bounded_cache():
+    fresh()
+    _C._replay_clear_plans()
+    limit = _C._replay_signature_limit()
+    _C._replay_set_signature_limit(2)
+    try:
+        with (
+            routing.override({"aten::mul.Tensor": "flaggems"}),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            for n in (5, 6, 7, 7, 8):
+                x, y = rand(n), rand(n)
+                close(torch.mul(x, y), x.cpu() * y.cpu())
+        full = [w for w in caught if "signature cache is full" in str(w.message)]
+        assert len(full) == 1, [str(w.message) for w in caught]
+        c = op_counts("aten::mul.Tensor")
+        assert c["full"] and c["signatures"] == 2 and c["python"] == 3, c
+    finally:
+        _C._replay_set_signature_limit(limit)
+
+
+def threads_share_plans():
+    fresh()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(40):
+                x, y = rand(256), rand(256)
+                close(torch.add(x, y, alpha=-1.0), x.cpu() - y.cpu())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    c = op_counts("aten::add.Tensor")
+    assert c["replayed"] + c["recorded"] == 160 and c["replayed"] >= 150, c
+
+
+def side_stream_and_second_device():
+    fresh()
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        for _ in range(3):
+            x, y = rand(4000), rand(4000)
+            close(torch.add(x, y), x.cpu() + y.cpu())
+        s = torch.flagos.Stream()
+        x, y = rand(4000), rand(4000)
+        s.wait_stream(torch.flagos.current_stream())
+        with torch.flagos.stream(s):
+            z = torch.add(x, y)
+            w = z * 2  # native, after the replayed launch on the same stream
+        torch.flagos.current_stream().wait_stream(s)
+        close(w, 2 * (x.cpu() + y.cpu()))
+        if torch.flagos.device_count() > 1:
+            for _ in range(3):
+                x, y = torch.randn(300).to("flagos:1"), torch.randn(300).to("flagos:1")
+                z = torch.add(x, y)
+                assert z.device == torch.device("flagos:1")
+                close(z, x.cpu() + y.cpu())
+    assert op_counts("aten::add.Tensor")["replayed"] >= 2
+
+
+def graph_replays_the_plan():
+    fresh()
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        x, y = rand(128), rand(128)
+        for _ in range(3):
+            torch.add(x, y)
+        g = torch.flagos.FlagosGraph()
+        with torch.flagos.graph(g):
+            z = torch.add(x, y)
+        for _ in range(2):
+            x.copy_(torch.randn(128))
+            y.copy_(torch.randn(128))
+            g.replay()
+            close(z, x.cpu() + y.cpu())
+
+
+SCENARIOS = [
+    replays_after_two_agreeing_recordings,
+    every_argument_kind,
+    signatures_apart,
+    autotuned_first_call_is_not_replayed,
+    refusals_by_reason,
+    switched_off,
+    bounded_cache,
+    threads_share_plans,
+    side_stream_and_second_device,
+    graph_replays_the_plan,
+]
+
+
+def main() -> None:
+    assert torch_fl.accelerator() == "sim"
+    flag_gems_like.install()
+    results = {}
+    for scenario in SCENARIOS:
+        try:
+            scenario()
+            results[scenario.__name__] = "ok"
+        except Exception:  # noqa: BLE001
+            results[scenario.__name__] = traceback.format_exc()
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

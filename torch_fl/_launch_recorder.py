@@ -1,0 +1,306 @@
+"""Records what one call of a FlagGems wrapper does, so that the router can replay it from C++.
+
+The flaggems route (csrc/python/launch_recording.cpp) records a call signature's first calls: it calls
+:func:`begin`, runs FlagGems' Python wrapper as usual, and takes the :class:`Recording` from :func:`end`.
+While a thread records, two watchers see what the wrapper does on that thread, and nothing else:
+
+- every Triton launch, through the launcher class of Triton's active driver (:func:`watch`, which wraps
+  ``driver.launcher_cls`` once so that launchers made from then on report to the recording thread; one
+  attribute check per launch otherwise): the kernel binary, grid, block, shared memory and every
+  argument, typed by the kernel's signature;
+- every ATen call, through a ``TorchDispatchMode``: allocations (``empty`` and its kin) and views are
+  part of a plan; anything else that does device work (a copy, a fill, a native kernel) or reads data on
+  the host (``.item()``) makes the recording a refusal that names it.
+
+Nothing here decides whether a call is replayable beyond that: the C++ side matches pointers to the
+call's tensors and allocations, compares recordings, and keeps or refuses the plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["Recording", "begin", "end", "watch", "watched"]
+
+# Argument kinds, shared with csrc/python/launch_recording.cpp (ParamKind).
+PTR, I32, I64, U32, U64, FP32, FP64 = range(7)
+_SCALAR_KINDS = {"i32": I32, "i64": I64, "u32": U32, "u64": U64, "fp32": FP32, "f32": FP32, "fp64": FP64}
+# Where a backend's compiler leaves a kernel's binary in Triton's cache, and whether the HAL loads the file's
+# bytes or its path (host kernels of the simulated accelerator are shared libraries, loaded by path).
+_BINARIES = {"cuda": ("cubin", False), "hip": ("hsaco", False), "host": ("so", True)}
+
+_ALLOCATIONS = frozenset(
+    name
+    for name in (
+        "empty.memory_format",
+        "empty_strided.default",
+        "empty_like.default",
+        "new_empty.default",
+        "new_empty_strided.default",
+        "empty_permuted.default",
+    )
+)
+_HOST_READS = frozenset(
+    ("_local_scalar_dense.default", "equal.default", "is_nonzero.default", "item.default")
+)
+
+
+class Recording:
+    """What one wrapper call did: ``launches`` (tuples, see :func:`_describe`), ``allocations`` ((data
+    pointer, bytes, launches made before it) of each storage it allocated) and ``refusal`` (why it cannot
+    be replayed, or None)."""
+
+    __slots__ = ("launches", "allocations", "refusal", "stream")
+
+    def __init__(self, stream: int | None):
+        self.launches: list[tuple] = []
+        self.allocations: list[tuple[int, int]] = []
+        self.refusal: str | None = None
+        self.stream = stream
+
+    def refuse(self, reason: str) -> None:
+        if self.refusal is None:
+            self.refusal = reason
+
+
+_local = threading.local()
+_lock = threading.Lock()
+_drivers: list[Any] = []  # the drivers whose launcher class is watched, with their triton module
+_binary_cache: dict[tuple[str, str], bytes | None] = {}
+
+
+def _current() -> Recording | None:
+    return getattr(_local, "recording", None)
+
+
+class _Watch(TorchDispatchMode):
+    """Classifies each ATen call the wrapper makes while recording."""
+
+    def __init__(self, recording: Recording):
+        super().__init__()
+        self.recording = recording
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = f"{func._schema.name.partition('::')[2]}.{func._overloadname}"
+        if name in _ALLOCATIONS:
+            if isinstance(out, torch.Tensor) and out.device.type != "meta":
+                storage = out.untyped_storage()
+                self.recording.allocations.append(
+                    (storage.data_ptr(), storage.nbytes(), len(self.recording.launches))
+                )
+        elif name in _HOST_READS:
+            self.recording.refuse(f"reads device data on the host ({func._schema.name})")
+        elif not _is_view(func):
+            self.recording.refuse(f"runs {func._schema.name} inside the wrapper")
+        return out
+
+
+def _is_view(func) -> bool:
+    schema = func._schema
+    if func.is_view or schema.name in ("aten::detach", "aten::alias", "aten::lift_fresh"):
+        return True
+    returns = schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def begin() -> tuple[Recording, _Watch]:
+    """Starts recording this thread's launches and ATen calls (every launch is expected on the current
+    stream of the driver's current device, as it is now)."""
+    if getattr(_local, "recording", None) is not None:
+        raise RuntimeError("torch_fl: a launch recording is already underway on this thread")
+    stream = None
+    if _drivers:
+        try:
+            driver = _drivers[0]
+            stream = driver.get_current_stream(driver.get_current_device())
+        except Exception:  # noqa: BLE001  (a driver without these: launches' streams are not checked)
+            stream = None
+    recording = Recording(stream)
+    mode = _Watch(recording)
+    mode.__enter__()
+    _local.recording = recording
+    return recording, mode
+
+
+def end(token: tuple[Recording, _Watch]) -> Recording:
+    """Stops the recording `begin` started and returns it."""
+    recording, mode = token
+    _local.recording = None
+    mode.__exit__(None, None, None)
+    if not _drivers:
+        recording.refuse("no Triton driver is watched")
+    return recording
+
+
+def watched() -> bool:
+    return bool(_drivers)
+
+
+def watch(triton_module) -> bool:
+    """Wraps the launcher class of `triton_module`'s active driver (the real Triton or a stand-in with the
+    same layout) so launchers made from now on report launches to a recording thread. Idempotent; False
+    when the module has no launcher class to wrap."""
+    try:
+        driver = triton_module.runtime.driver.active
+        base = driver.launcher_cls
+    except Exception:  # noqa: BLE001  (a Triton without this layout: nothing is watched, nothing replayed)
+        return False
+    with _lock:
+        if getattr(base, "_torch_fl_watched", False):
+            return True
+        try:
+            backend = driver.get_current_target().backend
+        except Exception:  # noqa: BLE001
+            backend = "cuda"
+        try:
+            warp_size = int(driver.get_current_target().warp_size)
+        except Exception:  # noqa: BLE001
+            warp_size = 32
+        driver.launcher_cls = _launcher_class(base, triton_module, backend, warp_size)
+        _drivers.append(driver)
+    return True
+
+
+def _launcher_class(base, triton_module, backend: str, warp_size: int):
+    class _Launcher(base):
+        _torch_fl_watched = True
+
+        def __init__(self, src, metadata, *args, **kwargs):
+            super().__init__(src, metadata, *args, **kwargs)
+            self._torch_fl_src = src
+            self._torch_fl_metadata = metadata
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            recording = getattr(_local, "recording", None)
+            if recording is not None:
+                _record_launch(self, recording, (gridX, gridY, gridZ), stream, args)
+            return super().__call__(gridX, gridY, gridZ, stream, function, *args)
+
+    _Launcher.__name__ = _Launcher.__qualname__ = f"Recording{base.__name__}"
+    _Launcher._torch_fl_triton = triton_module
+    _Launcher._torch_fl_backend = backend
+    _Launcher._torch_fl_warp_size = warp_size
+    return _Launcher
+
+
+def _record_launch(launcher, recording: Recording, grid, stream, args) -> None:
+    if recording.refusal is not None:
+        return
+    if recording.stream is not None and stream != recording.stream:
+        recording.refuse("launches on a stream other than the current one")
+        return
+    try:
+        launch = _describe(launcher, grid, args)
+    except _Unreplayable as exc:
+        recording.refuse(str(exc))
+        return
+    recording.launches.append(launch)
+
+
+class _Unreplayable(Exception):
+    pass
+
+
+def _describe(launcher, grid, args) -> tuple:
+    """(image, name, grid, threads per program, shared bytes, params, trailing null pointers), params a
+    list of (kind, value, divisible by 16)."""
+    metadata = launcher._torch_fl_metadata
+    signature = getattr(launcher._torch_fl_src, "signature", None)
+    if not isinstance(signature, dict):
+        raise _Unreplayable("a kernel without a signature dict (Triton layout not known)")
+    name = getattr(metadata, "name", None)
+    if not name:
+        raise _Unreplayable("a kernel without a name in its metadata")
+    for attr in ("launch_cooperative_grid", "launch_pdl"):
+        if getattr(metadata, attr, False):
+            raise _Unreplayable(f"kernel {name} launches with {attr}")
+    if getattr(metadata, "num_ctas", 1) != 1 or any(
+        d != 1 for d in getattr(metadata, "cluster_dims", ()) or ()
+    ):
+        raise _Unreplayable(f"kernel {name} launches clusters")
+    trailing = 0
+    for attr in ("global_scratch_size", "profile_scratch_size"):
+        if hasattr(metadata, attr):
+            if getattr(metadata, attr):
+                raise _Unreplayable(f"kernel {name} needs {attr.replace('_size', '')} memory")
+            trailing += 1
+    types = list(signature.values())
+    if len(args) < len(types):
+        raise _Unreplayable(f"kernel {name}: fewer launch arguments than its signature")
+    values = args[len(args) - len(types) :]
+    divisible = _divisible_params(launcher._torch_fl_src)
+    params = []
+    for index, (ty, value) in enumerate(zip(types, values, strict=True)):
+        if ty == "constexpr":
+            continue
+        if not isinstance(ty, str):
+            raise _Unreplayable(f"kernel {name}: tuple argument")
+        if ty.startswith("*"):
+            params.append((PTR, _pointer(value, name), index in divisible))
+        elif ty in _SCALAR_KINDS:
+            kind = _SCALAR_KINDS[ty]
+            params.append((kind, float(value) if kind in (FP32, FP64) else int(value), index in divisible))
+        else:
+            raise _Unreplayable(f"kernel {name}: argument type {ty} is not replayable")
+    image = _binary(launcher, metadata, name)
+    threads = int(getattr(metadata, "num_warps", 4)) * launcher._torch_fl_warp_size
+    shared = int(getattr(metadata, "shared", 0) or 0)
+    return (image, name, tuple(int(g) for g in grid), threads, shared, params, trailing)
+
+
+def _pointer(value, kernel: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    data_ptr = getattr(value, "data_ptr", None)
+    if data_ptr is None:
+        raise _Unreplayable(f"kernel {kernel}: a pointer argument of type {type(value).__name__}")
+    return int(data_ptr())
+
+
+def _divisible_params(src) -> set[int]:
+    """Indices of the arguments Triton specialised as divisible by 16 (``tt.divisibility``)."""
+    found: set[int] = set()
+    attrs = getattr(src, "attrs", None)
+    if isinstance(attrs, dict):
+        for key, values in attrs.items():
+            index = key[0] if isinstance(key, tuple) and key else key
+            if isinstance(index, int) and any(
+                isinstance(v, (list, tuple)) and v and v[0] == "tt.divisibility" for v in values
+            ):
+                found.add(index)
+    return found
+
+
+def _binary(launcher, metadata, name: str) -> bytes:
+    backend = launcher._torch_fl_backend
+    ext, by_path = _BINARIES.get(backend, (None, False))
+    if ext is None:
+        raise _Unreplayable(f"kernel binaries of Triton backend {backend!r} are not known")
+    file_hash = getattr(metadata, "hash", None)
+    key = (str(file_hash), name)
+    if key not in _binary_cache:
+        image = None
+        try:
+            path = launcher._torch_fl_triton.runtime.cache.get_cache_manager(file_hash).get_file(
+                f"{name}.{ext}"
+            )
+            if path:
+                if by_path:
+                    image = path.encode()
+                else:
+                    with open(path, "rb") as f:
+                        image = f.read()
+        except Exception:  # noqa: BLE001
+            image = None
+        _binary_cache[key] = image
+    image = _binary_cache[key]
+    if image is None:
+        raise _Unreplayable(f"kernel {name}: its binary is not in Triton's cache")
+    return image
