@@ -416,6 +416,22 @@ def _use_config(config: str, native_file: str) -> str:
     return os.path.abspath(config)
 
 
+def print_replay_counts(rec, tag: str) -> None:
+    """How the run's flaggems calls ran: replayed from recorded launches, recorded, or in Python (and why)."""
+    import torch_fl
+
+    counts = torch_fl.routing.replay_counts()
+    calls = counts["replayed"] + counts["recorded"] + counts["python"]
+    share = counts["replayed"] / calls if calls else 0.0
+    print(
+        f"  flaggems calls: {counts['replayed']} replayed ({share:.1%}), {counts['recorded']} recorded, "
+        f"{counts['python']} in Python"
+    )
+    for why, n in sorted(counts["refused"].items(), key=lambda kv: -kv[1])[:6]:
+        print(f"    in Python {n}x: {why}")
+    rec.add(f"{tag}_flaggems_replayed_share", share, "share", detail="flaggems calls replayed over the run")
+
+
 def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | None) -> None:
     """The table of one config's results; with ``ref_first`` (compiled, the first config), first calls."""
     labels = {
@@ -581,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             counts = qwen3.routing_counts()
             first_calls = ref_first if args.compile and index == 0 else None
-            report(results, sizes, reference, first_calls)
             tag = config_tag(config) + shape_id
+            report(results, sizes, reference, first_calls)
             record(rec, results, tag, model, sizes, defaults, first_calls, reference)
             if "decode" in parts:
                 busy = [median(w.decode_busy[1:] or w.decode_busy) for w in (ref, fl)]  # no warm-up
@@ -590,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {'decode: thread on CPU':26}{busy[0]:12.0%}{busy[1]:12.0%}   (near 100%: host-bound)"
                 )
             print(f"  op calls on flagos by backend: {qwen3.format_counts(counts)}")
+            if counts and counts.get("flaggems"):
+                print_replay_counts(rec, tag)
             if args.top_ops or args.host_diff:
                 from benchmarks import qwen3_profile
 

@@ -69,6 +69,11 @@ class Inputs:
         self.ids = torch.tensor([[1, 7, 3, 49]], device="flagos")
 
 
+# Ops whose FlagGems wrappers only allocate and launch: their calls must be replayed. The others must give
+# the same results whichever path they take; the reasons they stay in Python are printed.
+MUST_REPLAY = {"add", "mul", "silu", "rms_norm", "softmax", "embedding"}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_replayed_call_is_bitwise_the_python_path(gems, name, dtype):
@@ -84,12 +89,13 @@ def test_replayed_call_is_bitwise_the_python_path(gems, name, dtype):
                 expected = call(inputs)
             routing.reset_counts()
             actual = call(inputs)
-            if seed >= 2:
-                counts = routing.replay_counts()
-                assert counts["replayed"] >= 1, counts
-                assert actual.dtype == expected.dtype and actual.shape == expected.shape
-                assert actual.stride() == expected.stride()
-                assert torch.equal(actual.cpu(), expected.cpu()), f"{name} {dtype}: replay differs"
+            counts = routing.replay_counts()
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape
+            assert actual.stride() == expected.stride()
+            assert torch.equal(actual.cpu(), expected.cpu()), f"{name} {dtype}: {counts}"
+    print(f"replay {name} {dtype}: replayed {counts['replayed']}, in Python: {counts['refused']}")
+    if name in MUST_REPLAY:
+        assert counts["replayed"] >= 1, counts
 
 
 def test_random_op_advances_the_generator_as_the_python_path(gems):
