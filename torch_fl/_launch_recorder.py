@@ -47,6 +47,24 @@ _ALLOCATIONS = frozenset(
 _HOST_READS = frozenset(
     ("_local_scalar_dense.default", "equal.default", "is_nonzero.default", "item.default")
 )
+# ATen functions that read only types and metadata (a wrapper's type promotion): no device work.
+_METADATA = frozenset(
+    (
+        "aten::promote_types",
+        "aten::result_type",
+        "aten::can_cast",
+        "aten::is_same_size",
+        "aten::is_contiguous",
+        "aten::size",
+        "aten::stride",
+        "aten::numel",
+        "aten::dim",
+        "aten::sym_size",
+        "aten::sym_stride",
+        "aten::sym_numel",
+        "aten::sym_storage_offset",
+    )
+)
 
 
 class Recording:
@@ -93,6 +111,8 @@ class _Watch(TorchDispatchMode):
                 self.recording.allocations.append(
                     (storage.data_ptr(), storage.nbytes(), len(self.recording.launches))
                 )
+        elif func._schema.name in _METADATA:
+            pass
         elif name in _HOST_READS:
             self.recording.refuse(f"reads device data on the host ({func._schema.name})")
         elif not _is_view(func):

@@ -89,11 +89,18 @@ class Refused : public std::exception {
   std::string why_;
 };
 
+// Whether `address` points into the `bytes` bytes from `begin` (or is `begin` itself, for empty memory). The
+// end is exclusive: the caching allocator hands out blocks back to back, so the address just past one
+// tensor is often the start of the next allocation.
+bool within(uintptr_t address, uintptr_t begin, size_t bytes) {
+  return address == begin || (address > begin && address - begin < bytes);
+}
+
 // The latest allocation made before launch `launch` that contains `address`, or -1.
 int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t address, size_t launch) {
   for (size_t j = allocations.size(); j-- > 0;) {
     const Allocation& a = allocations[j];
-    if (a.launches_before <= launch && address >= a.begin && address <= a.begin + a.bytes) {
+    if (a.launches_before <= launch && within(address, a.begin, a.bytes)) {
       return static_cast<int64_t>(j);
     }
   }
@@ -150,7 +157,7 @@ PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceInde
       if (address != 0) {
         bool found = false;
         for (size_t k = 0; k < arguments.size() && !found; ++k) {
-          if (address >= arguments[k].data && address <= arguments[k].data + arguments[k].reach) {
+          if (within(address, arguments[k].data, arguments[k].reach)) {
             s = {at, PointerSource::kTensor, static_cast<uint32_t>(k),
                  static_cast<int64_t>(address - arguments[k].data), divisible16};
             found = true;
