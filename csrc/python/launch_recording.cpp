@@ -96,15 +96,44 @@ bool within(uintptr_t address, uintptr_t begin, size_t bytes) {
   return address == begin || (address > begin && address - begin < bytes);
 }
 
-// The latest allocation made before launch `launch` that contains `address`, or -1.
-int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t address, size_t launch) {
+// The latest allocation made before launch `launch` that contains `address` (or, `past_end`, ends right
+// before it), or -1.
+int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t address, size_t launch,
+                      bool past_end = false) {
   for (size_t j = allocations.size(); j-- > 0;) {
     const Allocation& a = allocations[j];
-    if (a.launches_before <= launch && within(address, a.begin, a.bytes)) {
+    const bool hit = past_end ? address == a.begin + a.bytes : within(address, a.begin, a.bytes);
+    if (a.launches_before <= launch && hit) {
       return static_cast<int64_t>(j);
     }
   }
   return -1;
+}
+
+// Where pointer argument `address` of launch `launch` points: into a tensor argument or an allocation (end
+// exclusive), else just past the end of one (an empty piece: cat's copy of an empty input), else refused.
+PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch,
+                   const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                   const std::vector<Allocation>& allocations, const std::string& kernel) {
+  for (size_t k = 0; k < arguments.size(); ++k) {
+    if (within(address, arguments[k].data, arguments[k].reach)) {
+      return {at, PointerSource::kTensor, static_cast<uint32_t>(k),
+              static_cast<int64_t>(address - arguments[k].data), divisible16};
+    }
+  }
+  int64_t j = allocation_of(allocations, address, launch, false);
+  if (j < 0) j = allocation_of(allocations, address, launch, true);
+  if (j >= 0) {
+    return {at, PointerSource::kAllocation, static_cast<uint32_t>(j),
+            static_cast<int64_t>(address - allocations[j].begin), divisible16};
+  }
+  for (size_t k = 0; k < arguments.size(); ++k) {
+    if (address == arguments[k].data + arguments[k].reach) {
+      return {at, PointerSource::kTensor, static_cast<uint32_t>(k), static_cast<int64_t>(arguments[k].reach),
+              divisible16};
+    }
+  }
+  throw Refused("kernel " + kernel + " takes a pointer into memory the call neither received nor allocated");
 }
 
 struct RandomState {
@@ -155,22 +184,7 @@ PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceInde
       const auto address = static_cast<uintptr_t>(p[1].cast<uint64_t>());
       PointerSlot s{at, PointerSource::kNull, 0, 0, divisible16};
       if (address != 0) {
-        bool found = false;
-        for (size_t k = 0; k < arguments.size() && !found; ++k) {
-          if (within(address, arguments[k].data, arguments[k].reach)) {
-            s = {at, PointerSource::kTensor, static_cast<uint32_t>(k),
-                 static_cast<int64_t>(address - arguments[k].data), divisible16};
-            found = true;
-          }
-        }
-        if (!found) {
-          const int64_t j = allocation_of(allocations, address, index);
-          if (j < 0)
-            throw Refused("kernel " + name +
-                          " takes a pointer into memory the call neither received nor allocated");
-          s = {at, PointerSource::kAllocation, static_cast<uint32_t>(j),
-               static_cast<int64_t>(address - allocations[j].begin), divisible16};
-        }
+        s = locate(address, at, divisible16, index, arguments, allocations, name);
       }
       planned.pointers.push_back(s);
     } else if (kind == kFp32) {
@@ -247,8 +261,8 @@ Outcome make_outcome(const c10::OperatorHandle& op, const py::object& recording,
           {static_cast<uintptr_t>(t[0].cast<uint64_t>()), t[1].cast<size_t>(), t[2].cast<size_t>()});
       plan->allocation_bytes.push_back(allocations.back().bytes);
     }
+    // A call may launch nothing (an empty result, a view): its plan is then its allocations and outputs.
     const py::list launches = recording.attr("launches");
-    if (launches.size() == 0) throw Refused("it launches no kernel");
     for (size_t i = 0; i < launches.size(); ++i) {
       plan->launches.push_back(plan_launch(launches[i], i, device, arguments, allocations, random_before));
     }
