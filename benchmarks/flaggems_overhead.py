@@ -405,14 +405,14 @@ def record_launch_set(rec, rows: list[dict], on_stand_in: bool) -> None:
         median(ratios),
         "time ratio",
         range=Ratio.of(ratios).range,
-        detail=f"{ops} on tiny tensors{where}: flaggems route (replayed launches) against {baseline}",
+        detail=f"launch set of {len(chosen)} ops, tiny tensors{where}: replayed flaggems route against native",
         baseline=baseline,
     )
     rec.add(
         "vs_native_worst_ratio",
         max(ratios),
         "time ratio",
-        detail=f"the slowest of {ops}{where}: flaggems route against {baseline}",
+        detail=f"the slowest of the launch set{where}: replayed flaggems route against native",
         baseline=baseline,
     )
     rec.add("replayed_share", share, "share", detail=f"flaggems calls replayed during the run{where}")

@@ -68,6 +68,18 @@ def _flaggems_lines() -> None:
     else:
         installed = f"flag-gems {status.version} installed; " if status.version else ""
         _line("FlagGems", f"unavailable: {installed}{status.reason}")
+    from torch_fl import _C, routing
+
+    state = "on" if routing.replay_enabled() else "off (FLAGOS_FLAGGEMS_REPLAY=0)"
+    _line("FlagGems launch replay", f"{state}, up to {_C._replay_signature_limit()} signatures per op")
+    counts = routing.replay_counts()
+    if counts["replayed"] or counts["recorded"] or counts["python"]:
+        _line(
+            "  calls",
+            f"{counts['replayed']} replayed, {counts['recorded']} recorded, {counts['python']} in Python",
+        )
+        for why, n in sorted(counts["refused"].items(), key=lambda kv: -kv[1]):
+            _line("  in Python", f"{n}: {why}")
 
 
 if __name__ == "__main__":
