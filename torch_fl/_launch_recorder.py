@@ -128,11 +128,16 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def begin() -> tuple[Recording, _Watch]:
+def begin() -> tuple[Recording, _Watch | None]:
     """Starts recording this thread's launches and ATen calls (every launch is expected on the current
     stream of the driver's current device, as it is now)."""
     if getattr(_local, "recording", None) is not None:
         raise RuntimeError("torch_fl: a launch recording is already underway on this thread")
+    if not _drivers:
+        # Nothing can be replayed without watched launches: no need to watch ATen calls either.
+        recording = Recording(None)
+        recording.refuse("no Triton driver is watched")
+        return recording, None
     stream = None
     if _drivers:
         try:
@@ -150,10 +155,10 @@ def begin() -> tuple[Recording, _Watch]:
 def end(token: tuple[Recording, _Watch]) -> Recording:
     """Stops the recording `begin` started and returns it."""
     recording, mode = token
+    if mode is None:
+        return recording
     _local.recording = None
     mode.__exit__(None, None, None)
-    if not _drivers:
-        recording.refuse("no Triton driver is watched")
     return recording
 
 
