@@ -98,9 +98,10 @@ def _current() -> Recording | None:
 class _Watch(TorchDispatchMode):
     """Classifies each ATen call the wrapper makes while recording."""
 
-    def __init__(self, recording: Recording):
+    def __init__(self, recording: Recording, host_scalars: frozenset = frozenset()):
         super().__init__()
         self.recording = recording
+        self.host_scalars = host_scalars
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -114,10 +115,17 @@ class _Watch(TorchDispatchMode):
         elif func._schema.name in _METADATA:
             pass
         elif name in _HOST_READS:
-            self.recording.refuse(f"reads device data on the host ({func._schema.name})")
+            if not self._reads_host_scalars(args):
+                self.recording.refuse(f"reads device data on the host ({func._schema.name})")
         elif not _is_view(func):
             self.recording.refuse(f"runs {func._schema.name} inside the wrapper")
         return out
+
+    def _reads_host_scalars(self, args) -> bool:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return bool(tensors) and all(
+            t.device.type == "cpu" and t.dim() == 0 and t.data_ptr() in self.host_scalars for t in tensors
+        )
 
 
 def _is_view(func) -> bool:
@@ -128,9 +136,11 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def begin() -> tuple[Recording, _Watch | None]:
+def begin(host_scalars=()) -> tuple[Recording, _Watch | None]:
     """Starts recording this thread's launches and ATen calls (every launch is expected on the current
-    stream of the driver's current device, as it is now)."""
+    stream of the driver's current device, as it is now). `host_scalars`: data pointers of the call's
+    0-dim CPU tensor arguments, whose values are part of the call's signature: reading them on the host is
+    no device read."""
     if getattr(_local, "recording", None) is not None:
         raise RuntimeError("torch_fl: a launch recording is already underway on this thread")
     if not _drivers:
@@ -146,7 +156,7 @@ def begin() -> tuple[Recording, _Watch | None]:
         except Exception:  # noqa: BLE001  (a driver without these: launches' streams are not checked)
             stream = None
     recording = Recording(stream)
-    mode = _Watch(recording)
+    mode = _Watch(recording, frozenset(host_scalars))
     mode.__enter__()
     _local.recording = recording
     return recording, mode

@@ -55,11 +55,21 @@ struct ArgumentMemory {
   uintptr_t reach;  // bytes from `data` to the end of its last element
 };
 
+// The call's tensor arguments as the Python call gets them, in key order: the flagos ones (as aliased) in
+// `out`, the host scalars' data pointers in `host`.
 void collect_arguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                       c10::SmallVectorImpl<ArgumentMemory>* out) {
+                       const c10::SmallVectorImpl<bool>& host_scalars,
+                       c10::SmallVectorImpl<ArgumentMemory>* out, py::list* host) {
   const size_t n = op.schema().arguments().size();
+  size_t index = 0;
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
+    const bool is_host = index < host_scalars.size() && host_scalars[index];
+    ++index;
+    if (is_host) {
+      host->append(py::int_(reinterpret_cast<uintptr_t>(t.const_data_ptr())));
+      return;
+    }
     const size_t reach =
         t.numel() == 0 ? 0 : at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize());
     out->push_back({t.unsafeGetTensorImpl(), t.storage().data(),
@@ -314,8 +324,9 @@ void run_recorded_python_route(const c10::OperatorHandle& op, torch::jit::Stack*
       op, stack,
       [&](torch::jit::Stack* s) {
         c10::SmallVector<ArgumentMemory, 8> arguments;
-        collect_arguments(op, *s, &arguments);
-        const py::object token = recorder().attr("begin")();
+        py::list host;
+        collect_arguments(op, *s, decision.host_scalars, &arguments, &host);
+        const py::object token = recorder().attr("begin")(host);
         try {
           call_python_impl(op, s);
         } catch (...) {

@@ -2,7 +2,8 @@
 them (allocate, compute a grid, launch Triton-shaped kernels, triton_like.py), each made to exercise one
 thing the launch recorder and replay engine must handle. Served as the flaggems backend by :func:`install`.
 
-Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size), ``mul.Tensor`` (an i64 size),
+Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size), ``mul.Tensor`` (an i64 size; a 0-dim operand read on the host: replayed when it is a CPU scalar, whose
+value is in the signature, refused when it is flagos memory),
 ``add_.Tensor`` (in place: the result is an argument), ``_softmax`` (two launches and a scratch buffer
 between them), ``fill_.Scalar`` (an fp32 value), ``sub.Tensor`` (which "autotunes": its first call of a
 signature launches three candidate kernels, later calls one).
@@ -53,6 +54,20 @@ void mul_kernel(const ctx_t* c, const void* raw) {
     ["x", "y", "out", "n", "BLOCK"],
     constexprs=["BLOCK"],
     types={"n": "i64"},
+)
+
+_SCALE = triton_like.jit(
+    "scale_kernel",
+    """
+typedef struct { const float* x; float* out; float factor; int32_t n; void* s0; void* s1; } P;
+void scale_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) p->out[i] = p->x[i] * p->factor;
+}
+""",
+    ["x", "out", "factor", "n", "BLOCK"],
+    constexprs=["BLOCK"],
 )
 
 _ROW_MAX = triton_like.jit(
@@ -132,6 +147,9 @@ def add_(x, y, *, alpha=1):
 
 def mul(x, y):
     out = _empty_like(x)
+    if y.dim() == 0:  # a scalar operand, read on the host as FlagGems does
+        _SCALE[_grid(x.numel())](x, out, float(y.item()), x.numel(), BLOCK)
+        return out
     _MUL[_grid(x.numel())](x, y, out, x.numel(), BLOCK)
     return out
 

@@ -77,6 +77,21 @@ def every_argument_kind():
         assert (c["recorded"], c["replayed"]) == (2, 2), (op, c)
 
 
+def host_scalars_are_keyed_by_value():
+    fresh()
+    with routing.override({"aten::mul.Tensor": "flaggems"}):
+        for value in (3.0, 3.0, 3.0, 3.0, -0.5, -0.5, -0.5):
+            x = rand(70)
+            close(torch.mul(x, torch.tensor(value)), x.cpu() * value)
+        c = op_counts("aten::mul.Tensor")
+        assert (c["signatures"], c["recorded"], c["replayed"]) == (2, 4, 3), c
+        for _ in range(3):  # a 0-dim flagos tensor: its value is device data, read on the host
+            x = rand(70)
+            close(torch.mul(x, torch.tensor(2.0, device=DEV)), x.cpu() * 2.0)
+    refused = routing.replay_counts()["refused"]
+    assert refused.get("reads device data on the host (aten::item)", 0) > 0, refused
+
+
 def signatures_apart():
     fresh()
     with routing.override({"aten::add.Tensor": "flaggems"}):
@@ -234,6 +249,7 @@ def graph_replays_the_plan():
 SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
+    host_scalars_are_keyed_by_value,
     signatures_apart,
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,

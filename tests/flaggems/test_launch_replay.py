@@ -31,6 +31,7 @@ def results(run_python):
 NAMES = [
     "replays_after_two_agreeing_recordings",
     "every_argument_kind",
+    "host_scalars_are_keyed_by_value",
     "signatures_apart",
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",

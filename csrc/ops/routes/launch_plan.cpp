@@ -23,11 +23,13 @@ enum Tag : int64_t {
   kTensorList,
   kGenerator,
   kDevice,
+  kHostScalar,
 };
 
 class KeyBuilder {
  public:
-  KeyBuilder(CallKey* key, c10::SmallVectorImpl<c10::TensorImpl*>* tensors) : key_(key), tensors_(tensors) {}
+  KeyBuilder(CallKey* key, c10::SmallVectorImpl<c10::TensorImpl*>* tensors, c10::SmallVectorImpl<bool>* host)
+      : key_(key), tensors_(tensors), host_(host) {}
 
   void word(int64_t w) { key_->words.push_back(w); }
 
@@ -36,8 +38,20 @@ class KeyBuilder {
       word(kNone);
       return true;
     }
+    if (t.device().type() == c10::DeviceType::CPU && t.dim() == 0 && t.layout() == c10::kStrided &&
+        t.itemsize() <= 16 && !t.is_conj() && !t.is_neg()) {
+      // A host scalar (`x * torch.tensor(2.0)`): a wrapper reads it on the host, so its value is keyed.
+      word(kHostScalar);
+      word(static_cast<int64_t>(t.scalar_type()));
+      int64_t bits[2] = {0, 0};
+      std::memcpy(bits, t.const_data_ptr(), t.itemsize());
+      word(bits[0]);
+      word(bits[1]);
+      host_->push_back(true);
+      return true;
+    }
     if (t.device().type() != c10::DeviceType::PrivateUse1) {
-      *why = "a tensor argument that is not on flagos";
+      *why = "a tensor argument that is neither on flagos nor a CPU scalar";
       return false;
     }
     if (t.layout() != c10::kStrided) {
@@ -64,6 +78,7 @@ class KeyBuilder {
     }
     word(shared);
     tensors_->push_back(t.unsafeGetTensorImpl());
+    host_->push_back(false);
     return true;
   }
 
@@ -139,17 +154,20 @@ class KeyBuilder {
  private:
   CallKey* key_;
   c10::SmallVectorImpl<c10::TensorImpl*>* tensors_;
+  c10::SmallVectorImpl<bool>* host_;
 };
 
 }  // namespace
 
 bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, CallKey* key,
-              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, const char** why) {
+              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, c10::SmallVectorImpl<bool>* host_scalars,
+              const char** why) {
   const auto& arguments = op.schema().arguments();
   const size_t n = arguments.size();
   key->words.clear();
   tensors->clear();
-  KeyBuilder builder(key, tensors);
+  host_scalars->clear();
+  KeyBuilder builder(key, tensors, host_scalars);
   builder.word(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   builder.word(at::globalContext().deterministicAlgorithms());
   const auto first = stack.end() - static_cast<std::ptrdiff_t>(n);

@@ -33,12 +33,14 @@ struct CallKeyHash {
   size_t operator()(const CallKey& key) const { return key.hash; }
 };
 
-// The key of the call whose arguments are the last `schema.arguments().size()` values of `stack`, and
-// the flagos tensors among them in order (tensor-list elements included; the stack keeps them alive): false,
-// with `why` set, for a call no plan can serve (an argument kind the key cannot hold, a tensor that is not a
-// strided flagos tensor, an empty out= argument that the call would resize).
+// The key of the call whose arguments are the last `schema.arguments().size()` values of `stack`, the
+// flagos tensors among them in order (tensor-list elements included; the stack keeps them alive), and for
+// every defined tensor argument in order whether it is a host scalar (a 0-dim CPU tensor, keyed by its
+// value): false, with `why` set, for a call no plan can serve (an argument kind the key cannot hold, a
+// tensor neither on flagos nor a host scalar, an empty out= argument that the call would resize).
 bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, CallKey* key,
-              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, const char** why);
+              c10::SmallVectorImpl<c10::TensorImpl*>* tensors, c10::SmallVectorImpl<bool>* host_scalars,
+              const char** why);
 
 // Where a recorded pointer argument points, so that a replay can compute it for new memory.
 enum class PointerSource : uint8_t { kNull, kTensor, kAllocation };

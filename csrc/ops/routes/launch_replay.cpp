@@ -220,7 +220,7 @@ Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stac
   Decision d;
   const char* why = nullptr;
   Cache& c = cache();
-  if (!make_key(op, *stack, &d.key, &d.tensors, &why)) {
+  if (!make_key(op, *stack, &d.key, &d.tensors, &d.host_scalars, &why)) {
     std::lock_guard<std::mutex> lock(c.mu);
     count_python(c, op_state(c, op), why);
     log_decision(op, "runs in Python", why);
@@ -281,8 +281,9 @@ Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stac
 bool has_plan(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   CallKey key;
   c10::SmallVector<c10::TensorImpl*, 8> tensors;
+  c10::SmallVector<bool, 8> host_scalars;
   const char* why = nullptr;
-  if (!enabled() || !make_key(op, stack, &key, &tensors, &why)) return false;
+  if (!enabled() || !make_key(op, stack, &key, &tensors, &host_scalars, &why)) return false;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   OpState& state = op_state(c, op);

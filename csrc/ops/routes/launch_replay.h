@@ -34,6 +34,7 @@ struct Decision {
   enum Kind : uint8_t { kReplayed, kRecord, kPython } kind = kPython;
   CallKey key;                                    // kRecord: the signature to hand back to learn()
   c10::SmallVector<c10::TensorImpl*, 8> tensors;  // the call's tensor arguments, in key order
+  c10::SmallVector<bool, 8> host_scalars;         // per defined tensor argument: a host scalar
 };
 
 // Replays the call on `stack` if its signature has an armed plan (results left on the stack: kReplayed);
