@@ -122,7 +122,7 @@ int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t addr
 
 // Where pointer argument `address` of launch `launch` points: into a tensor argument or an allocation (end
 // exclusive), else just past the end of one (an empty piece: cat's copy of an empty input), else refused.
-PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch,
+PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch, size_t parameter,
                    const c10::SmallVectorImpl<ArgumentMemory>& arguments,
                    const std::vector<Allocation>& allocations, const std::string& kernel) {
   for (size_t k = 0; k < arguments.size(); ++k) {
@@ -143,7 +143,8 @@ PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t laun
               divisible16};
     }
   }
-  throw Refused("kernel " + kernel + " takes a pointer into memory the call neither received nor allocated");
+  throw Refused("kernel " + kernel + "'s pointer parameter " + std::to_string(parameter) +
+                " points into memory the call neither received nor allocated");
 }
 
 struct RandomState {
@@ -194,7 +195,7 @@ PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceInde
       const auto address = static_cast<uintptr_t>(p[1].cast<uint64_t>());
       PointerSlot s{at, PointerSource::kNull, 0, 0, divisible16};
       if (address != 0) {
-        s = locate(address, at, divisible16, index, arguments, allocations, name);
+        s = locate(address, at, divisible16, index, i, arguments, allocations, name);
       }
       planned.pointers.push_back(s);
     } else if (kind == kFp32) {

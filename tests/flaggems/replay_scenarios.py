@@ -121,7 +121,7 @@ def autotuned_first_call_is_not_replayed():
 REFUSED = {
     "aten::neg": "reads device data on the host (aten::item)",
     "aten::abs": "runs aten::lt inside the wrapper",
-    "aten::sin": "kernel fill_kernel takes a pointer into memory the call neither received nor allocated",
+    "aten::sin": "kernel fill_kernel's pointer parameter 0 points into memory the call neither received nor allocated",
     "aten::cos": "its recordings differ from call to call",
     "aten::uniform_": "its generator keeps no Philox offset",
     "aten::mm.out": "an out= overload served by FlagGems' functional op, whose result the route copies",
