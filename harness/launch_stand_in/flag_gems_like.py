@@ -2,11 +2,12 @@
 them (allocate, compute a grid, launch Triton-shaped kernels, triton_like.py), each made to exercise one
 thing the launch recorder and replay engine must handle. Served as the flaggems backend by :func:`install`.
 
-Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size), ``mul.Tensor`` (an i64 size; a 0-dim operand read on the host: replayed when it is a CPU scalar, whose
-value is in the signature, refused when it is flagos memory),
-``add_.Tensor`` (in place: the result is an argument), ``_softmax`` (two launches and a scratch buffer
-between them), ``fill_.Scalar`` (an fp32 value), ``sub.Tensor`` (which "autotunes": its first call of a
-signature launches three candidate kernels, later calls one).
+Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size); ``mul.Tensor`` (an i64 size; a 0-dim
+operand read on the host: replayed when it is a CPU scalar, whose value is in the signature, refused when
+it is flagos memory); ``add_.Tensor`` (in place: the result is an argument); ``clamp`` (fp64, u32 and
+u64 arguments); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
+value); ``sub.Tensor`` (which "autotunes": its first call of a signature launches three candidate
+kernels, later calls one).
 
 Refused, one per reason: ``neg`` (reads device data on the host), ``abs`` (runs an ATen op inside),
 ``sin`` (a pointer to memory it keeps between calls), ``cos`` (launches differ on every call),
@@ -68,6 +69,26 @@ void scale_kernel(const ctx_t* c, const void* raw) {
 """,
     ["x", "out", "factor", "n", "BLOCK"],
     constexprs=["BLOCK"],
+)
+
+_CLAMP = triton_like.jit(
+    "clamp_kernel",
+    """
+typedef struct { const float* x; float* out; double lo; double hi; uint32_t which; uint64_t n; void* s0; void* s1; } P;
+void clamp_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  uint64_t first = (uint64_t)c->program_id[0] * BLOCK;
+  for (uint64_t i = first; i < first + BLOCK && i < p->n; ++i) {
+    float v = p->x[i];
+    if ((p->which & 1u) && v < p->lo) v = (float)p->lo;
+    if ((p->which & 2u) && v > p->hi) v = (float)p->hi;
+    p->out[i] = v;
+  }
+}
+""",
+    ["x", "out", "lo", "hi", "which", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+    types={"lo": "fp64", "hi": "fp64", "which": "u32", "n": "u64"},
 )
 
 _ROW_MAX = triton_like.jit(
@@ -154,6 +175,14 @@ def mul(x, y):
     return out
 
 
+def clamp(x, min=None, max=None):  # noqa: A002  (ATen's argument names)
+    out = _empty_like(x)
+    which = (min is not None) | ((max is not None) << 1)
+    lo, hi = float(min or 0.0), float(max or 0.0)
+    _CLAMP[_grid(x.numel())](x, out, lo, hi, which, x.numel(), BLOCK)
+    return out
+
+
 def softmax(x, dim, half_to_float=False):
     rows, cols = x.numel() // x.shape[-1], x.shape[-1]
     row_max = torch.empty(
@@ -231,6 +260,7 @@ _CONFIG = (
     ("add_.Tensor", add_),
     ("mul.Tensor", mul),
     ("_softmax", softmax),
+    ("clamp", clamp),
     ("fill_.Scalar", fill_),
     ("sub.Tensor", sub),
     ("neg", neg),

@@ -68,6 +68,7 @@ def every_argument_kind():
             z = rand(100)
             assert torch.Tensor.fill_(z, 0.25) is z  # an fp32 argument; the result is the argument
             close(z, torch.full((100,), 0.25))
+            close(torch.clamp(x, -0.5, 0.75), x.cpu().clamp(-0.5, 0.75))  # fp64, u32 and u64 arguments
             a, b = rand(64), rand(64)
             expected = a.cpu() + b.cpu()
             assert a.add_(b) is a
