@@ -56,14 +56,17 @@ class RouteCallCounter(common.CallCounter):
     functional function and copies into ``out`` itself (in C++), as it does without a counter, so that the
     counted call is the call users get."""
 
-    def __enter__(self):
-        spec = getattr(self.impl, "_torch_fl_out_adapter", None)
+    @staticmethod
+    def _make_wrapper(op, impl):
+        spec = getattr(impl, "_torch_fl_out_adapter", None)
         if spec is None:
-            return super().__enter__()
+            return common.CallCounter._make_wrapper(op, impl)
         fn, names = spec
 
         def counted(*args, **kwargs):
-            self.calls += 1
+            counter = common.CallCounter._entered.get(op)
+            if counter is not None:
+                counter._count()
             return fn(*args, **kwargs)
 
         def adapter(*args, **kwargs):
@@ -73,8 +76,7 @@ class RouteCallCounter(common.CallCounter):
             return _flaggems._copy_results(outs, counted(*args, **kwargs))
 
         adapter._torch_fl_out_adapter = (counted, names)
-        common.torch_fl._C._routing_set_flaggems_impl(self.op, adapter)
-        return self
+        return adapter
 
 
 def native_type() -> str:
@@ -257,7 +259,8 @@ def capture(op: str, func, static: Static, stream) -> tuple[object, object, dict
             except Exception:  # noqa: BLE001
                 pass
             graph, out = None, None
-    record["flaggems_calls"] = counter.calls  # FlagGems' function ran while capturing (backed: it launched)
+    # FlagGems ran while capturing (backed: it launched), in Python or replayed from recorded launches.
+    record["flaggems_calls"] = counter.calls + counter.replayed
     record["seconds"] = round(time.perf_counter() - start, 3)
     if not record["captured"]:
         record["diagnosis"] = diagnose(op, record)

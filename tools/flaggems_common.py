@@ -68,7 +68,15 @@ def mismatch_message(exc: BaseException) -> str:
 
 
 class CallCounter:
-    """Re-registers `op`'s FlagGems implementation behind a counter for the duration of a with block."""
+    """Re-registers `op`'s FlagGems implementation behind a counter for the duration of a with block.
+
+    ``calls`` counts calls of FlagGems' Python wrapper; ``replayed`` calls replayed from recorded launches
+    (docs/flaggems.md), which run no Python. The wrapper registered is one per op and implementation,
+    shared by every counter of the op (it counts for the one entered): launch plans are forgotten when an
+    op's implementation changes, so they then survive from one counter to the next."""
+
+    _wrappers: dict = {}  # (op, implementation) -> the counting wrapper registered for it
+    _entered: dict = {}  # op -> the counter entered
 
     def __init__(self, op: str):
         from torch_fl import _flaggems
@@ -76,19 +84,45 @@ class CallCounter:
         self.op = op
         self.impl = _flaggems.implementation(op)
         self.calls = 0
+        self._replayed_at_entry = 0
+        self._replayed = 0
 
-    def __enter__(self):
-        impl = self.impl
+    def _count(self) -> None:
+        self.calls += 1
 
+    def wrapper(self):
+        key = (self.op, id(self.impl))
+        if key not in CallCounter._wrappers:
+            CallCounter._wrappers[key] = self._make_wrapper(self.op, self.impl)
+        return CallCounter._wrappers[key]
+
+    @staticmethod
+    def _make_wrapper(op, impl):
         def counting(*args, **kwargs):
-            self.calls += 1
+            counter = CallCounter._entered.get(op)
+            if counter is not None:
+                counter._count()
             return impl(*args, **kwargs)
 
-        torch_fl._C._routing_set_flaggems_impl(self.op, counting)
+        return counting
+
+    @property
+    def replayed(self) -> int:
+        return self._replayed
+
+    def _replay_count(self) -> int:
+        return torch_fl.routing.replay_counts()["ops"].get(self.op, {}).get("replayed", 0)
+
+    def __enter__(self):
+        CallCounter._entered[self.op] = self
+        self._replayed_at_entry = self._replay_count()
+        torch_fl._C._routing_set_flaggems_impl(self.op, self.wrapper())
         return self
 
     def __exit__(self, *exc):
         torch_fl._C._routing_set_flaggems_impl(self.op, self.impl)
+        self._replayed += self._replay_count() - self._replayed_at_entry
+        CallCounter._entered.pop(self.op, None)
 
 
 # The reference device: CUDA, except in the CPU tests' stand-in mode (--stand-in), where flagos runs on the

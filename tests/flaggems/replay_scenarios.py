@@ -93,6 +93,28 @@ def host_scalars_are_keyed_by_value():
     assert refused.get("reads device data on the host (aten::item)", 0) > 0, refused
 
 
+def another_implementation_forgets_the_plans():
+    fresh()
+    from torch_fl import _flaggems
+
+    original = _flaggems.implementation("aten::add.Tensor")
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        for _ in range(3):
+            x, y = rand(90), rand(90)
+            close(torch.add(x, y), x.cpu() + y.cpu())
+        _C._routing_set_flaggems_impl("aten::add.Tensor", lambda a, b, *, alpha=1: flag_gems_like.mul(a, b))
+        try:
+            for _ in range(3):
+                x, y = rand(90), rand(90)
+                close(
+                    torch.add(x, y), x.cpu() * y.cpu()
+                )  # the new implementation's result, never the old plan's
+        finally:
+            _C._routing_set_flaggems_impl("aten::add.Tensor", original)
+        x, y = rand(90), rand(90)
+        close(torch.add(x, y), x.cpu() + y.cpu())
+
+
 def signatures_apart():
     fresh()
     with routing.override({"aten::add.Tensor": "flaggems"}):
@@ -251,6 +273,7 @@ SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
     host_scalars_are_keyed_by_value,
+    another_implementation_forgets_the_plans,
     signatures_apart,
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,

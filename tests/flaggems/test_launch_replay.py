@@ -32,6 +32,7 @@ NAMES = [
     "replays_after_two_agreeing_recordings",
     "every_argument_kind",
     "host_scalars_are_keyed_by_value",
+    "another_implementation_forgets_the_plans",
     "signatures_apart",
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",

@@ -34,6 +34,8 @@ struct Entry {
 };
 
 struct OpState {
+  // The implementation the plans were recorded from: plans are forgotten when it changes.
+  const void* impl = nullptr;
   ska::flat_hash_map<CallKey, Entry, CallKeyHash> entries;
   OpCounts counts;
   bool warned_full = false;
@@ -227,9 +229,18 @@ Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stac
     return d;
   }
   std::shared_ptr<const LaunchPlan> plan;
+  const void* impl = routed_impl(op);
   {
     std::lock_guard<std::mutex> lock(c.mu);
     OpState& state = op_state(c, op);
+    if (C10_UNLIKELY(state.impl != impl)) {
+      // Another implementation was registered for the op (a FlagGems reload, a test's counting wrapper):
+      // what the old one launched says nothing about the new one.
+      state.entries.clear();
+      state.counts.signatures = state.counts.armed = 0;
+      state.counts.full = false;
+      state.impl = impl;
+    }
     auto it = state.entries.find(d.key);
     if (it == state.entries.end()) {
       if (state.entries.size() >= signature_limit()) {
