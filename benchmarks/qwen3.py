@@ -431,7 +431,7 @@ def print_replay_counts(rec, tag: str) -> None:
         print(f"    in Python {n}x: {why}")
     in_python = sorted(((c["python"], op) for op, c in counts["ops"].items() if c["python"]), reverse=True)
     print("    ops in Python: " + ", ".join(f"{op} {n}" for n, op in in_python[:8]))
-    rec.add(f"{tag}_flaggems_replayed_share", share, "share", detail="flaggems calls replayed over the run")
+    rec.add(f"{tag}replayed_share", share, "share", detail="flaggems calls replayed over the run")
 
 
 def report(results: dict[str, Result], sizes, reference: str, ref_first: dict | None) -> None:
