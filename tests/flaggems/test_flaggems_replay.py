@@ -39,7 +39,8 @@ def t(*shape, dtype=torch.float32, gen):
     return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to("flagos")
 
 
-# name -> (ops reached on flagos, call on a namespace of inputs)
+# name -> (ops reached on flagos, call on a namespace of inputs). Not mm: the shipped config keeps it native,
+# and its first call under the recorder (FlagGems' autotuner) did not finish within 120 s on the H200.
 CASES = {
     "add": (["aten::add.Tensor", "aten::add.out"], lambda T: torch.add(T.a, T.b, alpha=0.5)),
     "mul": (["aten::mul.Tensor", "aten::mul.out"], lambda T: T.a * T.b),
@@ -48,7 +49,6 @@ CASES = {
     "softmax": (["aten::_softmax", "aten::_softmax.out"], lambda T: torch.softmax(T.x, -1)),
     "embedding": (["aten::embedding", "aten::index_select"], lambda T: F.embedding(T.ids, T.table)),
     "cat": (["aten::cat", "aten::cat.out"], lambda T: torch.cat([T.a, T.b], 0)),
-    "mm": (["aten::mm", "aten::mm.out"], lambda T: T.m1 @ T.m2),
     "sum": (["aten::sum.dim_IntList", "aten::sum.IntList_out"], lambda T: T.x.sum(-1)),
     "rsqrt": (["aten::rsqrt", "aten::rsqrt.out"], lambda T: torch.rsqrt(T.a.abs() + 1)),
     "mean": (["aten::mean.dim", "aten::mean.out"], lambda T: T.x.mean(-1, keepdim=True)),
@@ -64,7 +64,6 @@ class Inputs:
         gen = torch.Generator().manual_seed(seed)
         self.a, self.b = t(257, dtype=dtype, gen=gen), t(257, dtype=dtype, gen=gen)
         self.x, self.w = t(6, 96, dtype=dtype, gen=gen), t(96, dtype=dtype, gen=gen)
-        self.m1, self.m2 = t(32, 48, dtype=dtype, gen=gen), t(48, 24, dtype=dtype, gen=gen)
         self.table = t(50, 64, dtype=dtype, gen=gen)
         self.ids = torch.tensor([[1, 7, 3, 49]], device="flagos")
 
