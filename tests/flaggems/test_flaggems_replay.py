@@ -40,7 +40,7 @@ def t(*shape, dtype=torch.float32, gen):
 
 
 # name -> (ops reached on flagos, call on a namespace of inputs). Not mm: the shipped config keeps it native,
-# and its first call under the recorder (FlagGems' autotuner) did not finish within 120 s on the H200.
+# and its first calls (FlagGems compiling and autotuning its configs) did not finish within 120 s on the H200.
 CASES = {
     "add": (["aten::add.Tensor", "aten::add.out"], lambda T: torch.add(T.a, T.b, alpha=0.5)),
     "mul": (["aten::mul.Tensor", "aten::mul.out"], lambda T: T.a * T.b),
