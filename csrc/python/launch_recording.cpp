@@ -293,6 +293,11 @@ Outcome make_outcome(const c10::OperatorHandle& op, const py::object& recording,
     outcome.plan = std::move(plan);
   } catch (const Refused& r) {
     outcome.refusal = r.what();
+  } catch (const std::exception& e) {
+    // The call itself succeeded: a recording that cannot become a plan (a binary the HAL rejects, a
+    // recording of an unexpected shape) keeps the signature in Python rather than failing the call.
+    const std::string what = e.what();
+    outcome.refusal = "its recording could not be made a plan: " + what.substr(0, what.find('\n'));
   }
   return outcome;
 }

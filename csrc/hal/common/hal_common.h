@@ -148,6 +148,13 @@ class FunctionTable {
 };
 
 // The checks every flagos_module_get_function makes before looking the name up.
+inline flagos_status_t check_module_load(const void* image, size_t size, const void* module) {
+  if (image == nullptr || size == 0 || module == nullptr) {
+    return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_module_load: image, size or module is NULL or 0");
+  }
+  return FLAGOS_SUCCESS;
+}
+
 inline flagos_status_t check_get_function(const void* module, const char* name, const void* function) {
   if (name == nullptr || function == nullptr) {
     return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_module_get_function: name or function is NULL");

@@ -161,9 +161,8 @@ extern "C" {
 FLAGOS_HAL_API flagos_status_t flagos_module_load(int device, const void* image, size_t size,
                                                   flagos_module_t* module) {
   if (flagos_status_t status = check_device(device); status != FLAGOS_SUCCESS) return status;
-  if (image == nullptr || size == 0 || module == nullptr) {
-    return fail(FLAGOS_ERROR_INVALID_VALUE, "flagos_module_load: image, size or module is NULL or 0");
-  }
+  if (flagos_status_t status = detail::check_module_load(image, size, module); status != FLAGOS_SUCCESS)
+    return status;
   if (flagos_status_t status = check_driver(); status != FLAGOS_SUCCESS) return status;
   DeviceGuard guard;
   if (flagos_status_t status = enter_context(&guard, device); status != FLAGOS_SUCCESS) return status;
