@@ -427,10 +427,10 @@ def print_replay_counts(rec, tag: str) -> None:
         f"  flaggems calls: {counts['replayed']} replayed ({share:.1%}), {counts['recorded']} recorded, "
         f"{counts['python']} in Python"
     )
-    for why, n in sorted(counts["refused"].items(), key=lambda kv: -kv[1])[:6]:
+    for why, n in sorted(counts["refused"].items(), key=lambda kv: -kv[1])[:12]:
         print(f"    in Python {n}x: {why}")
     in_python = sorted(((c["python"], op) for op, c in counts["ops"].items() if c["python"]), reverse=True)
-    print("    ops in Python: " + ", ".join(f"{op} {n}" for n, op in in_python[:8]))
+    print("    ops in Python: " + ", ".join(f"{op} {n}" for n, op in in_python[:16]))
     rec.add(f"{tag}replayed_share", share, "share", detail="flaggems calls replayed over the run")
 
 

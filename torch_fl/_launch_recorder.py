@@ -26,9 +26,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["Recording", "begin", "end", "watch", "watched"]
 
-# Argument kinds, shared with csrc/python/launch_recording.cpp (ParamKind).
-PTR, I32, I64, U32, U64, FP32, FP64 = range(7)
-_SCALAR_KINDS = {"i32": I32, "i64": I64, "u32": U32, "u64": U64, "fp32": FP32, "f32": FP32, "fp64": FP64}
+# Argument kinds, shared with csrc/python/launch_recording.cpp (ParamKind). Triton passes booleans (``i1``,
+# ``u1``) as one byte and half floats as their two-byte bit patterns.
+PTR, I32, I64, U32, U64, FP32, FP64, I8, I16, U8, U16, FP16, BF16 = range(13)
+_SCALAR_KINDS = {
+    "i1": I8,
+    "i8": I8,
+    "i16": I16,
+    "i32": I32,
+    "i64": I64,
+    "u1": U8,
+    "u8": U8,
+    "u16": U16,
+    "u32": U32,
+    "u64": U64,
+    "fp16": FP16,
+    "bf16": BF16,
+    "fp32": FP32,
+    "f32": FP32,
+    "fp64": FP64,
+}
+_FLOAT_KINDS = frozenset((FP16, BF16, FP32, FP64))
 # Where a backend's compiler leaves a kernel's binary in Triton's cache, and whether the HAL loads the file's
 # bytes or its path (host kernels of the simulated accelerator are shared libraries, loaded by path).
 _BINARIES = {"cuda": ("cubin", False), "hip": ("hsaco", False), "host": ("so", True)}
@@ -279,7 +297,7 @@ def _describe(launcher, grid, args) -> tuple:
             params.append((PTR, _pointer(value, name), index in divisible))
         elif ty in _SCALAR_KINDS:
             kind = _SCALAR_KINDS[ty]
-            params.append((kind, float(value) if kind in (FP32, FP64) else int(value), index in divisible))
+            params.append((kind, float(value) if kind in _FLOAT_KINDS else int(value), index in divisible))
         else:
             raise _Unreplayable(f"kernel {name}: argument type {ty} is not replayable")
     image = _binary(launcher, metadata, name)

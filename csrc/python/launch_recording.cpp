@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "ops/routes/dispatch.h"
@@ -36,10 +37,58 @@ using ops::replay::RandomSlot;
 using ops::replay::RandomValue;
 
 // torch_fl/_launch_recorder.py's argument kinds.
-enum ParamKind : int { kPtr = 0, kI32, kI64, kU32, kU64, kFp32, kFp64 };
+enum ParamKind : int { kPtr = 0, kI32, kI64, kU32, kU64, kFp32, kFp64, kI8, kI16, kU8, kU16, kFp16, kBf16 };
 
 size_t param_size(int kind) {
-  return (kind == kI32 || kind == kU32 || kind == kFp32) ? 4 : 8;
+  switch (kind) {
+    case kI8:
+    case kU8:
+      return 1;
+    case kI16:
+    case kU16:
+    case kFp16:
+    case kBf16:
+      return 2;
+    case kI32:
+    case kU32:
+    case kFp32:
+      return 4;
+    case kPtr:
+    case kI64:
+    case kU64:
+    case kFp64:
+      return 8;
+    default:
+      throw std::invalid_argument("unknown launch parameter kind " + std::to_string(kind));
+  }
+}
+
+bool is_signed_integer(int kind) {
+  return kind == kI8 || kind == kI16 || kind == kI32 || kind == kI64;
+}
+
+// A floating-point argument's bits as Triton's launcher packs them: half with Python's correctly rounded
+// conversion, bfloat16 as the high half of the float.
+uint64_t float_bits(int kind, double value) {
+  if (kind == kFp64) {
+    uint64_t bits;
+    std::memcpy(&bits, &value, 8);
+    return bits;
+  }
+  if (kind == kFp16) {
+    uint16_t half = 0;
+#if PY_VERSION_HEX >= 0x030B00A1
+    const int failed = PyFloat_Pack2(value, reinterpret_cast<char*>(&half), /*le=*/1);
+#else
+    const int failed = _PyFloat_Pack2(value, reinterpret_cast<unsigned char*>(&half), /*le=*/1);
+#endif
+    if (failed != 0) throw py::error_already_set();
+    return half;
+  }
+  const auto single = static_cast<float>(value);
+  uint32_t bits;
+  std::memcpy(&bits, &single, 4);
+  return kind == kBf16 ? bits >> 16 : bits;
 }
 
 py::module_& recorder() {
@@ -198,18 +247,15 @@ PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceInde
         s = locate(address, at, divisible16, index, i, arguments, allocations, name);
       }
       planned.pointers.push_back(s);
-    } else if (kind == kFp32) {
-      const float v = p[1].cast<float>();
-      std::memcpy(slot, &v, 4);
-    } else if (kind == kFp64) {
-      const double v = p[1].cast<double>();
-      std::memcpy(slot, &v, 8);
+    } else if (kind == kFp16 || kind == kBf16 || kind == kFp32 || kind == kFp64) {
+      const uint64_t bits = float_bits(kind, p[1].cast<double>());
+      std::memcpy(slot, &bits, layout[i].second);  // little-endian: the low bytes
     } else {
       const py::int_ value = p[1].cast<py::int_>();
-      const bool is_signed = kind == kI32 || kind == kI64;
+      const bool is_signed = is_signed_integer(kind);
       const uint64_t bits = is_signed ? static_cast<uint64_t>(value.cast<int64_t>()) : value.cast<uint64_t>();
-      std::memcpy(slot, &bits, layout[i].second);  // little-endian: the low bytes for 32-bit kinds
-      if (random) {
+      std::memcpy(slot, &bits, layout[i].second);  // little-endian: the low bytes for narrower kinds
+      if (random && layout[i].second >= 4) {       // Philox seeds and offsets are 32 or 64 bits wide
         const bool is_seed = bits == random->seed, is_offset = bits == random->offset;
         if (is_seed && is_offset)
           throw Refused("its Philox seed and offset are equal, so their arguments are ambiguous");

@@ -5,7 +5,7 @@ thing the launch recorder and replay engine must handle. Served as the flaggems 
 Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size); ``mul.Tensor`` (an i64 size; a 0-dim
 operand read on the host: replayed when it is a CPU scalar, whose value is in the signature, refused when
 it is flagos memory); ``add_.Tensor`` (in place: the result is an argument); ``clamp`` (fp64, u32 and
-u64 arguments); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
+u64 arguments); ``lerp.Scalar`` (fp16, u1 and i16 arguments); ``leaky_relu`` (bf16, i1 and i64 arguments); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
 value); ``sub.Tensor`` (which "autotunes": its first call of a signature launches three candidate
 kernels, later calls one).
 
@@ -138,6 +138,73 @@ void fill_kernel(const ctx_t* c, const void* raw) {
     constexprs=["BLOCK"],
 )
 
+# Half-precision and boolean arguments, packed as Triton's launcher packs them: fp16 and bf16 as their
+# two-byte bit patterns, a boolean as one byte.
+_HALF_TO_FLOAT = """
+static float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31u, mantissa = h & 1023u, bits;
+  if (exponent == 0 && mantissa == 0) {
+    bits = sign;
+  } else if (exponent == 0) {
+    int shift = 0;
+    while (!(mantissa & 1024u)) { mantissa <<= 1; ++shift; }
+    bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 1023u) << 13);
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+static float bfloat16_to_float(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+"""
+
+_LERP = triton_like.jit(
+    "lerp_kernel",
+    _HALF_TO_FLOAT
+    + """
+typedef struct {
+  const float* x; const float* end; float* out; uint16_t weight; uint8_t from_end; int16_t n; void* s0; void* s1;
+} P;
+void lerp_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  float w = half_to_float(p->weight);
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) {
+    float d = p->end[i] - p->x[i];
+    p->out[i] = p->from_end ? p->end[i] - d * (1.0f - w) : p->x[i] + w * d;
+  }
+}
+""",
+    ["x", "end", "out", "weight", "from_end", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+    types={"weight": "fp16", "n": "i16"},
+)
+
+_LEAKY_RELU = triton_like.jit(
+    "leaky_relu_kernel",
+    _HALF_TO_FLOAT
+    + """
+typedef struct { const float* x; float* out; uint16_t slope; int8_t negate; int64_t n; void* s0; void* s1; } P;
+void leaky_relu_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  float slope = bfloat16_to_float(p->slope) * (p->negate ? -1.0f : 1.0f);
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) p->out[i] = p->x[i] > 0 ? p->x[i] : p->x[i] * slope;
+}
+""",
+    ["x", "out", "slope", "negate", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+    types={"slope": "bf16", "negate": "i1", "n": "i64"},
+)
+
 
 def _grid(n: int) -> tuple[int]:
     return ((n + BLOCK - 1) // BLOCK,)
@@ -180,6 +247,20 @@ def clamp(x, min=None, max=None):  # noqa: A002  (ATen's argument names)
     which = (min is not None) | ((max is not None) << 1)
     lo, hi = float(min or 0.0), float(max or 0.0)
     _CLAMP[_grid(x.numel())](x, out, lo, hi, which, x.numel(), BLOCK)
+    return out
+
+
+def lerp(x, end, weight):
+    out = _empty_like(x)
+    w = float(weight)
+    _LERP[_grid(x.numel())](x, end, out, w, w >= 0.5, x.numel(), BLOCK)  # a bool: which end to start from
+    return out
+
+
+def leaky_relu(x, negative_slope=0.01):
+    out = _empty_like(x)
+    slope = float(negative_slope)
+    _LEAKY_RELU[_grid(x.numel())](x, out, -slope if slope < 0 else slope, slope < 0, x.numel(), BLOCK)
     return out
 
 
@@ -261,6 +342,8 @@ _CONFIG = (
     ("mul.Tensor", mul),
     ("_softmax", softmax),
     ("clamp", clamp),
+    ("lerp.Scalar", lerp),
+    ("leaky_relu", leaky_relu),
     ("fill_.Scalar", fill_),
     ("sub.Tensor", sub),
     ("neg", neg),

@@ -36,7 +36,22 @@ _HEADER = """
 #include <string.h>
 typedef struct { unsigned int grid[3]; unsigned int program_id[3]; } ctx_t;
 """
-_PACK = {"i32": "i", "i64": "q", "u32": "I", "u64": "Q", "fp32": "f", "fp64": "d"}
+_PACK = {
+    "i1": "b",
+    "i8": "b",
+    "i16": "h",
+    "i32": "i",
+    "i64": "q",
+    "u1": "B",
+    "u8": "B",
+    "u16": "H",
+    "u32": "I",
+    "u64": "Q",
+    "fp16": "e",
+    "bf16": "H",
+    "fp32": "f",
+    "fp64": "d",
+}
 _lock = threading.Lock()
 LAUNCHES = []  # (kernel name, grid) of every launch, in order: tests count Python-path launches
 
@@ -86,6 +101,8 @@ class Launcher:
             fmt += "x" * ((-struct.calcsize(fmt)) % size) + code
             if ty.startswith("*"):
                 value = 0 if value is None else (value if isinstance(value, int) else value.data_ptr())
+            elif ty == "bf16":  # Triton's pack_bf16: the float's high half
+                value = struct.unpack("=I", struct.pack("=f", value))[0] >> 16
             values.append(value)
         fmt += "x" * ((-struct.calcsize(fmt)) % 8) + "QQ"
         values += [0, 0]
@@ -123,7 +140,7 @@ def _type_of(value) -> str:
     if value is None or isinstance(value, torch.Tensor):
         return "*fp32" if value is None else f"*{_DTYPES[value.dtype]}"
     if isinstance(value, bool):
-        return "i32"
+        return "u1"
     if isinstance(value, int):
         return "i32" if -(2**31) <= value < 2**31 else "i64"
     return "fp32"

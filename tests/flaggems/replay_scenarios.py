@@ -57,7 +57,13 @@ def every_argument_kind():
     fresh()
     ops = {
         n: "flaggems"
-        for n in ("aten::mul.Tensor", "aten::_softmax", "aten::fill_.Scalar", "aten::add_.Tensor")
+        for n in (
+            "aten::mul.Tensor",
+            "aten::_softmax",
+            "aten::fill_.Scalar",
+            "aten::add_.Tensor",
+            "aten::clamp",
+        )
     }
     with routing.override(ops):
         for _ in range(4):
@@ -76,6 +82,31 @@ def every_argument_kind():
     for op in ops:
         c = op_counts(op)
         assert (c["recorded"], c["replayed"]) == (2, 2), (op, c)
+
+
+def narrow_and_half_arguments():
+    """fp16, bf16 and one-byte boolean arguments (and an i16) replay with the bits Triton's launcher packs:
+    the replayed results equal the recorded ones bit for bit."""
+    fresh()
+    x, end = rand(90), rand(90)
+    ops = {"aten::lerp.Scalar": "flaggems", "aten::leaky_relu": "flaggems"}
+    cases = [
+        (torch.lerp, (x, end, 0.3)),  # a weight fp16 rounds; from_end False
+        (torch.lerp, (x, end, 0.7)),  # from_end True
+        (torch.nn.functional.leaky_relu, (x, 0.1)),  # a slope bf16 truncates; negate False
+        (torch.nn.functional.leaky_relu, (x, -0.3)),  # negate True
+    ]
+    with routing.override(ops):
+        for fn, args in cases:
+            results = [fn(*args).cpu() for _ in range(4)]  # two recordings, then two replays
+            for r in results[1:]:
+                assert torch.equal(r, results[0]), (fn, args)
+        lerp = torch.lerp(x, end, 0.3).cpu()
+    w = torch.tensor(0.3).half().float()  # the weight as the kernel sees it
+    close(lerp, x.cpu() + w * (end.cpu() - x.cpu()))
+    for op, replayed in (("aten::lerp.Scalar", 5), ("aten::leaky_relu", 4)):
+        c = op_counts(op)
+        assert (c["signatures"], c["recorded"], c["replayed"]) == (2, 4, replayed), (op, c)
 
 
 def host_scalars_are_keyed_by_value():
@@ -145,7 +176,7 @@ REFUSED = {
     "aten::neg": "reads device data on the host (aten::item)",
     "aten::abs": "runs aten::lt inside the wrapper",
     "aten::sin": "kernel fill_kernel's pointer parameter 0 points into memory the call neither received nor allocated",
-    "aten::cos": "its recordings differ from call to call",
+    "aten::cos": "its recordings differ from call to call (launch 0's arguments at parameter byte 10)",
     "aten::uniform_": "its generator keeps no Philox offset",
     "aten::mm.out": "an out= overload served by FlagGems' functional op, whose result the route copies",
 }
@@ -272,6 +303,7 @@ def graph_replays_the_plan():
 SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
+    narrow_and_half_arguments,
     host_scalars_are_keyed_by_value,
     another_implementation_forgets_the_plans,
     signatures_apart,

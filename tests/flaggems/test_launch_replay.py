@@ -31,6 +31,7 @@ def results(run_python):
 NAMES = [
     "replays_after_two_agreeing_recordings",
     "every_argument_kind",
+    "narrow_and_half_arguments",
     "host_scalars_are_keyed_by_value",
     "another_implementation_forgets_the_plans",
     "signatures_apart",

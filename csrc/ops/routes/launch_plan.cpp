@@ -4,6 +4,7 @@
 #include <c10/core/DefaultDtype.h>
 
 #include <cstring>
+#include <string>
 
 namespace flagos::ops::replay {
 namespace {
@@ -185,19 +186,21 @@ bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Cal
   return true;
 }
 
-bool LaunchPlan::same_as(const LaunchPlan& other) const {
-  if (device != other.device || allocation_bytes != other.allocation_bytes || random != other.random ||
-      random_increment != other.random_increment || launches.size() != other.launches.size() ||
-      outputs.size() != other.outputs.size()) {
-    return false;
-  }
+std::string LaunchPlan::difference(const LaunchPlan& other) const {
+  if (device != other.device) return "the device";
+  if (allocation_bytes != other.allocation_bytes) return "the memory it allocates";
+  if (random != other.random || random_increment != other.random_increment) return "its Philox increment";
+  if (launches.size() != other.launches.size()) return "the number of launches";
+  if (outputs.size() != other.outputs.size()) return "the number of results";
   for (size_t i = 0; i < launches.size(); ++i) {
     const PlannedLaunch& a = launches[i];
     const PlannedLaunch& b = other.launches[i];
-    if (a.function != b.function || std::memcmp(&a.dims, &b.dims, sizeof a.dims) != 0 ||
-        a.params.size() != b.params.size() || a.pointers.size() != b.pointers.size() ||
+    const std::string which = "launch " + std::to_string(i) + "'s ";
+    if (a.function != b.function) return which + "kernel";
+    if (std::memcmp(&a.dims, &b.dims, sizeof a.dims) != 0) return which + "grid, block or shared memory";
+    if (a.params.size() != b.params.size() || a.pointers.size() != b.pointers.size() ||
         a.random.size() != b.random.size()) {
-      return false;
+      return which + "parameters";
     }
     std::vector<uint8_t> pa = a.params;
     std::vector<uint8_t> pb = b.params;
@@ -206,7 +209,7 @@ bool LaunchPlan::same_as(const LaunchPlan& other) const {
       const PointerSlot& y = b.pointers[k];
       if (x.param_offset != y.param_offset || x.source != y.source || x.index != y.index ||
           x.delta != y.delta || x.divisible16 != y.divisible16) {
-        return false;
+        return which + "pointer at parameter byte " + std::to_string(x.param_offset);
       }
       std::memset(pa.data() + x.param_offset, 0, sizeof(uint64_t));
       std::memset(pb.data() + y.param_offset, 0, sizeof(uint64_t));
@@ -214,21 +217,25 @@ bool LaunchPlan::same_as(const LaunchPlan& other) const {
     for (size_t k = 0; k < a.random.size(); ++k) {
       const RandomSlot& x = a.random[k];
       const RandomSlot& y = b.random[k];
-      if (x.param_offset != y.param_offset || x.size != y.size || x.value != y.value) return false;
+      if (x.param_offset != y.param_offset || x.size != y.size || x.value != y.value) {
+        return which + "Philox parameter at byte " + std::to_string(x.param_offset);
+      }
       std::memset(pa.data() + x.param_offset, 0, x.size);
       std::memset(pb.data() + y.param_offset, 0, y.size);
     }
-    if (pa != pb) return false;
+    for (size_t byte = 0; byte < pa.size(); ++byte) {
+      if (pa[byte] != pb[byte]) return which + "arguments at parameter byte " + std::to_string(byte);
+    }
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const PlannedOutput& a = outputs[i];
     const PlannedOutput& b = other.outputs[i];
     if (a.kind != b.kind || a.index != b.index || a.dtype != b.dtype || a.sizes != b.sizes ||
         a.strides != b.strides || a.storage_offset != b.storage_offset) {
-      return false;
+      return "result " + std::to_string(i);
     }
   }
-  return true;
+  return {};
 }
 
 }  // namespace flagos::ops::replay

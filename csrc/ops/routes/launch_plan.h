@@ -89,9 +89,9 @@ struct LaunchPlan {
   std::vector<PlannedOutput> outputs;  // one per schema return, in order
   bool random = false;                 // advances the generator by random_increment on each replay
   uint64_t random_increment = 0;
-  // The comparison of two recordings of one signature: equal launches, allocations and outputs (random
-  // slots' recorded values excepted).
-  bool same_as(const LaunchPlan& other) const;
+  // The comparison of two recordings of one signature: empty where launches, allocations and outputs are
+  // equal (random slots' recorded values excepted), else the first thing that differs, in words.
+  std::string difference(const LaunchPlan& other) const;
 };
 
 }  // namespace flagos::ops::replay

@@ -30,6 +30,7 @@ struct Entry {
   std::shared_ptr<const LaunchPlan> armed;  // set once two recordings agreed on a plan
   std::string refusal;                      // set once refused (for ever)
   Outcome last;                             // the last recording, while neither is set
+  std::string differs;                      // how the last two recordings differed
   int recordings = 0;
 };
 
@@ -311,23 +312,30 @@ void learn(const c10::OperatorHandle& op, const CallKey& key, Outcome outcome) {
   Entry& entry = it->second;
   if (entry.armed || !entry.refusal.empty()) return;  // another thread settled it first
   ++entry.recordings;
-  const bool agrees =
-      entry.recordings > 1 && (outcome.plan ? entry.last.plan && entry.last.plan->same_as(*outcome.plan)
-                                            : !entry.last.plan && entry.last.refusal == outcome.refusal);
-  if (agrees) {
-    if (outcome.plan) {
-      entry.armed = std::move(outcome.plan);
-      ++state.counts.armed;
-      log_decision(op, "armed a plan", "");
+  if (entry.recordings > 1) {
+    const Outcome& last = entry.last;
+    if (outcome.plan && last.plan) {
+      entry.differs = last.plan->difference(*outcome.plan);
+    } else if (outcome.plan || last.plan) {
+      entry.differs = "one made a plan, one refused: " + (outcome.plan ? last.refusal : outcome.refusal);
     } else {
-      entry.refusal = outcome.refusal;
-      log_decision(op, "refused", entry.refusal);
+      entry.differs = last.refusal == outcome.refusal ? "" : "their refusals: " + outcome.refusal;
     }
-    entry.last = Outcome{};
-    return;
+    if (entry.differs.empty()) {
+      if (outcome.plan) {
+        entry.armed = std::move(outcome.plan);
+        ++state.counts.armed;
+        log_decision(op, "armed a plan", "");
+      } else {
+        entry.refusal = outcome.refusal;
+        log_decision(op, "refused", entry.refusal);
+      }
+      entry.last = Outcome{};
+      return;
+    }
   }
   if (entry.recordings >= kMaxRecordings) {
-    entry.refusal = "its recordings differ from call to call";
+    entry.refusal = "its recordings differ from call to call (" + entry.differs + ")";
     log_decision(op, "refused", entry.refusal);
     entry.last = Outcome{};
     return;
