@@ -9,8 +9,10 @@ While a thread records, two watchers see what the wrapper does on that thread, a
   attribute check per launch otherwise): the kernel binary, grid, block, shared memory and every
   argument, typed by the kernel's signature;
 - every ATen call, through a ``TorchDispatchMode``: allocations (``empty`` and its kin) and views are
-  part of a plan; anything else that does device work (a copy, a fill, a native kernel) or reads data on
-  the host (``.item()``) makes the recording a refusal that names it.
+  part of a plan; so are copies between tensors on the device (``contiguous`` or ``reshape`` of a strided
+  tensor, ``clone``, a dtype conversion, ``copy_``), which a replay makes with the native route's
+  ``copy_``; anything else that does device work (a fill, a native kernel) or reads data on the host
+  (``.item()``) makes the recording a refusal that names it.
 
 Nothing here decides whether a call is replayable beyond that: the C++ side matches pointers to the
 call's tensors and allocations, compares recordings, and keeps or refuses the plan.
@@ -62,6 +64,8 @@ _ALLOCATIONS = frozenset(
         "empty_permuted.default",
     )
 )
+# ATen functions that copy a tensor into new memory: recorded as copies the replay makes natively.
+_COPIES = frozenset(("clone.default", "_to_copy.default"))
 _HOST_READS = frozenset(
     ("_local_scalar_dense.default", "equal.default", "is_nonzero.default", "item.default")
 )
@@ -87,14 +91,15 @@ _METADATA = frozenset(
 
 class Recording:
     """What one wrapper call did: ``launches`` (tuples, see :func:`_describe`), ``allocations`` ((data
-    pointer, bytes, launches made before it) of each storage it allocated) and ``refusal`` (why it cannot
-    be replayed, or None)."""
+    pointer, bytes, launches made before it) of each storage it allocated), ``copies`` (tensor copies it
+    made through ATen) and ``refusal`` (why it cannot be replayed, or None)."""
 
-    __slots__ = ("launches", "allocations", "refusal", "stream")
+    __slots__ = ("launches", "allocations", "copies", "refusal", "stream")
 
     def __init__(self, stream: int | None):
         self.launches: list[tuple] = []
         self.allocations: list[tuple[int, int]] = []
+        self.copies: list[tuple] = []  # (launches before it, destination, source)
         self.refusal: str | None = None
         self.stream = stream
 
@@ -135,15 +140,52 @@ class _Watch(TorchDispatchMode):
         elif name in _HOST_READS:
             if not self._reads_host_scalars(args):
                 self.recording.refuse(f"reads device data on the host ({func._schema.name})")
+        elif name == "copy_.default":
+            self._copy(func, args[0], args[1])
+        elif name in _COPIES or (_is_view(func) and not _shares_memory(out, args)):
+            # A copy into new memory; also what a view-typed op returns when it cannot view
+            # (``contiguous`` of a strided tensor, ``reshape`` of one that no view can reshape).
+            src = args[0] if args else None
+            if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+                self.recording.refuse(f"runs {func._schema.name} inside the wrapper")
+            else:
+                storage = out.untyped_storage()
+                self.recording.allocations.append(
+                    (storage.data_ptr(), storage.nbytes(), len(self.recording.launches))
+                )
+                self._copy(func, out, src)
         elif not _is_view(func):
             self.recording.refuse(f"runs {func._schema.name} inside the wrapper")
         return out
+
+    def _copy(self, func, dst, src) -> None:
+        """Records `dst`'s values copied from `src` (the native route's ``copy_`` makes them again on
+        replay), or refuses what that cannot reproduce."""
+        if not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
+            self.recording.refuse(f"runs {func._schema.name} with a non-tensor source inside the wrapper")
+            return
+        if src.device != dst.device or src.layout != torch.strided or dst.layout != torch.strided:
+            self.recording.refuse(f"runs {func._schema.name} across devices or layouts inside the wrapper")
+            return
+        if dst.shape != src.shape:
+            if not (dst.is_contiguous() and dst.numel() == src.numel()):
+                self.recording.refuse(f"runs {func._schema.name} (a reshaping copy) inside the wrapper")
+                return
+            dst = dst.view(src.shape)  # a reshape's copy: the source's elements in order
+        self.recording.copies.append((len(self.recording.launches), dst, src))
 
     def _reads_host_scalars(self, args) -> bool:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         return bool(tensors) and all(
             t.device.type == "cpu" and t.dim() == 0 and t.data_ptr() in self.host_scalars for t in tensors
         )
+
+
+def _shares_memory(out, args) -> bool:
+    """Whether every tensor `out` holds lies in the storage of one of the tensors in `args`."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    return all(not isinstance(o, torch.Tensor) or o.untyped_storage().data_ptr() in storages for o in outs)
 
 
 def _is_view(func) -> bool:

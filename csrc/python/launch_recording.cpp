@@ -169,31 +169,66 @@ int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t addr
   return -1;
 }
 
-// Where pointer argument `address` of launch `launch` points: into a tensor argument or an allocation (end
-// exclusive), else just past the end of one (an empty piece: cat's copy of an empty input), else refused.
-PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch, size_t parameter,
-                   const c10::SmallVectorImpl<ArgumentMemory>& arguments,
-                   const std::vector<Allocation>& allocations, const std::string& kernel) {
+// Where `address`, used by launch `launch` (or a copy before it), points: into a tensor argument or an
+// allocation (end exclusive), else just past the end of one (an empty piece: cat's copy of an empty input).
+std::optional<PointerSlot> find_memory(uintptr_t address, size_t launch,
+                                       const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                                       const std::vector<Allocation>& allocations) {
   for (size_t k = 0; k < arguments.size(); ++k) {
     if (within(address, arguments[k].data, arguments[k].reach)) {
-      return {at, PointerSource::kTensor, static_cast<uint32_t>(k),
-              static_cast<int64_t>(address - arguments[k].data), divisible16};
+      return PointerSlot{0, PointerSource::kTensor, static_cast<uint32_t>(k),
+                         static_cast<int64_t>(address - arguments[k].data), false};
     }
   }
   int64_t j = allocation_of(allocations, address, launch, false);
   if (j < 0) j = allocation_of(allocations, address, launch, true);
   if (j >= 0) {
-    return {at, PointerSource::kAllocation, static_cast<uint32_t>(j),
-            static_cast<int64_t>(address - allocations[j].begin), divisible16};
+    return PointerSlot{0, PointerSource::kAllocation, static_cast<uint32_t>(j),
+                       static_cast<int64_t>(address - allocations[j].begin), false};
   }
   for (size_t k = 0; k < arguments.size(); ++k) {
     if (address == arguments[k].data + arguments[k].reach) {
-      return {at, PointerSource::kTensor, static_cast<uint32_t>(k), static_cast<int64_t>(arguments[k].reach),
-              divisible16};
+      return PointerSlot{0, PointerSource::kTensor, static_cast<uint32_t>(k),
+                         static_cast<int64_t>(arguments[k].reach), false};
     }
   }
-  throw Refused("kernel " + kernel + "'s pointer parameter " + std::to_string(parameter) +
-                " points into memory the call neither received nor allocated");
+  return std::nullopt;
+}
+
+PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch, size_t parameter,
+                   const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                   const std::vector<Allocation>& allocations, const std::string& kernel) {
+  std::optional<PointerSlot> found = find_memory(address, launch, arguments, allocations);
+  if (!found) {
+    throw Refused("kernel " + kernel + "'s pointer parameter " + std::to_string(parameter) +
+                  " points into memory the call neither received nor allocated");
+  }
+  found->param_offset = at;
+  found->divisible16 = divisible16;
+  return *found;
+}
+
+// One side of a copy the wrapper made: a tensor over the call's memory, whose replay starts on an element
+// boundary whatever the argument's offset into its storage.
+ops::replay::PlannedTensor plan_copy_side(const at::Tensor& t, size_t launch, const char* side,
+                                          const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                                          const std::vector<Allocation>& allocations) {
+  const std::optional<PointerSlot> found =
+      find_memory(reinterpret_cast<uintptr_t>(t.const_data_ptr()), launch, arguments, allocations);
+  if (!found) {
+    throw Refused(std::string("a copy inside the wrapper whose ") + side +
+                  " is memory the call neither received nor allocated");
+  }
+  const auto item = static_cast<int64_t>(t.itemsize());
+  const bool aligned = found->delta % item == 0 &&
+                       (found->source != PointerSource::kTensor ||
+                        static_cast<int64_t>(arguments[found->index].impl->itemsize()) % item == 0);
+  if (!aligned)
+    throw Refused(std::string("a copy inside the wrapper whose ") + side + " is not element-aligned");
+  ops::replay::PlannedTensor planned{found->source, found->index, found->delta, t.scalar_type(), {}, {}};
+  planned.sizes.assign(t.sizes().begin(), t.sizes().end());
+  planned.strides.assign(t.strides().begin(), t.strides().end());
+  return planned;
 }
 
 struct RandomState {
@@ -322,6 +357,15 @@ Outcome make_outcome(const c10::OperatorHandle& op, const py::object& recording,
     const py::list launches = recording.attr("launches");
     for (size_t i = 0; i < launches.size(); ++i) {
       plan->launches.push_back(plan_launch(launches[i], i, device, arguments, allocations, random_before));
+    }
+    // (launches before it, destination, source) of each copy the wrapper made through ATen.
+    for (const py::handle c : recording.attr("copies")) {
+      const py::tuple t = c.cast<py::tuple>();
+      const auto before = t[0].cast<size_t>();
+      const at::Tensor& dst = THPVariable_Unpack(t[1].ptr());
+      const at::Tensor& src = THPVariable_Unpack(t[2].ptr());
+      plan->copies.push_back({before, plan_copy_side(dst, before, "destination", arguments, allocations),
+                              plan_copy_side(src, before, "source", arguments, allocations)});
     }
     if (random_before) {
       bool seed = false, offset = false;

@@ -5,7 +5,8 @@ thing the launch recorder and replay engine must handle. Served as the flaggems 
 Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size); ``mul.Tensor`` (an i64 size; a 0-dim
 operand read on the host: replayed when it is a CPU scalar, whose value is in the signature, refused when
 it is flagos memory); ``add_.Tensor`` (in place: the result is an argument); ``clamp`` (fp64, u32 and
-u64 arguments); ``lerp.Scalar`` (fp16, u1 and i16 arguments); ``leaky_relu`` (bf16, i1 and i64 arguments); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
+u64 arguments); ``lerp.Scalar`` (fp16, u1 and i16 arguments); ``leaky_relu`` (bf16, i1 and i64 arguments); ``cat``
+(copies made through ATen: a dtype conversion, a contiguous copy of a strided input); ``sum`` (a ``reshape`` that copies a strided input); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
 value); ``sub.Tensor`` (which "autotunes": its first call of a signature launches three candidate
 kernels, later calls one).
 
@@ -205,6 +206,42 @@ void leaky_relu_kernel(const ctx_t* c, const void* raw) {
     types={"slope": "bf16", "negate": "i1", "n": "i64"},
 )
 
+_CAT_COPY = triton_like.jit(
+    "cat_copy_kernel",
+    """
+typedef struct {
+  float* out; const float* in; int64_t dim_in; int64_t dim_out; int64_t post; int64_t offset; int64_t n;
+  void* s0; void* s1;
+} P;
+void cat_copy_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  int64_t first = (int64_t)c->program_id[0] * BLOCK;
+  for (int64_t i = first; i < first + BLOCK && i < p->n; ++i) {
+    int64_t pre = i / (p->dim_in * p->post), d = (i / p->post) % p->dim_in, post = i % p->post;
+    p->out[(pre * p->dim_out + d + p->offset) * p->post + post] = p->in[i];
+  }
+}
+""",
+    ["out", "in_", "dim_in", "dim_out", "post", "offset", "n", "BLOCK"],
+    constexprs=["BLOCK"],
+    types={"dim_in": "i64", "dim_out": "i64", "post": "i64", "offset": "i64", "n": "i64"},
+)
+
+_SUM_ALL = triton_like.jit(
+    "sum_all_kernel",
+    """
+typedef struct { const float* x; float* out; int64_t n; void* s0; void* s1; } P;
+void sum_all_kernel(const ctx_t* c, const void* raw) {
+  const P* p = (const P*)raw;
+  float total = 0;
+  for (int64_t i = 0; i < p->n; ++i) total += p->x[i];
+  *p->out = total;
+}
+""",
+    ["x", "out", "n"],
+    types={"n": "i64"},
+)
+
 
 def _grid(n: int) -> tuple[int]:
     return ((n + BLOCK - 1) // BLOCK,)
@@ -212,6 +249,14 @@ def _grid(n: int) -> tuple[int]:
 
 def _flat_float(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def _wait_for_kernels() -> None:
+    # On the simulated accelerator the Python path hands wrappers CPU aliases of flagos memory, so a copy
+    # a wrapper makes through ATen (``contiguous``, ``to``, ``reshape``) lives in CPU memory, freed when
+    # the wrapper lets go of it: the kernels that read it run on the stream's worker, so the wrapper waits
+    # for them first. (On a GPU those copies are device memory, freed in stream order.)
+    torch.flagos.current_stream().synchronize()
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -261,6 +306,41 @@ def leaky_relu(x, negative_slope=0.01):
     out = _empty_like(x)
     slope = float(negative_slope)
     _LEAKY_RELU[_grid(x.numel())](x, out, -slope if slope < 0 else slope, slope < 0, x.numel(), BLOCK)
+    return out
+
+
+def cat(tensors, dim=0):
+    """FlagGems' cat: promotes with ``.to``, makes each input contiguous (a copy of a strided one), then
+    copies each into place with a kernel."""
+    tensors = list(tensors)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    if dtype != torch.float32:
+        return torch.cat(tensors, dim)  # outside what the kernel takes: an ATen op (refused)
+    tensors = [t.to(dtype) for t in tensors]
+    dim %= tensors[0].dim()
+    shape = list(tensors[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    out = torch.empty(shape, dtype=dtype, device=tensors[0].device)
+    post = 1
+    for size in shape[dim + 1 :]:
+        post *= size
+    offset = 0
+    pieces = [t.contiguous() for t in tensors]
+    for t in pieces:
+        _CAT_COPY[_grid(t.numel())](out, t, t.shape[dim], shape[dim], post, offset, t.numel(), BLOCK)
+        offset += t.shape[dim]
+    _wait_for_kernels()
+    return out
+
+
+def sum_(x, *, dtype=None):
+    """Flattens with ``reshape`` (a copy when the input is strided) and reduces with one program."""
+    flat = x.reshape(-1)
+    out = torch.empty([], dtype=x.dtype, device=x.device)
+    _SUM_ALL[(1,)](flat, out, flat.numel())
+    _wait_for_kernels()
     return out
 
 
@@ -344,6 +424,8 @@ _CONFIG = (
     ("clamp", clamp),
     ("lerp.Scalar", lerp),
     ("leaky_relu", leaky_relu),
+    ("cat", cat),
+    ("sum", sum_),
     ("fill_.Scalar", fill_),
     ("sub.Tensor", sub),
     ("neg", neg),

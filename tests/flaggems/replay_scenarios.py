@@ -109,6 +109,28 @@ def narrow_and_half_arguments():
         assert (c["signatures"], c["recorded"], c["replayed"]) == (2, 4, replayed), (op, c)
 
 
+def copies_inside_the_wrapper():
+    """Copies a wrapper makes through ATen (a dtype conversion, a contiguous copy, a reshape of a strided
+    input) are part of the plan: replayed with the native copy, the results still right."""
+    fresh()
+    with routing.override({"aten::cat": "flaggems", "aten::sum": "flaggems"}):
+        for _ in range(4):
+            a = rand(6, 10)
+            b = rand(10, 6).t()  # strided: cat copies it contiguous
+            h = torch.randn(6, 3).half().to(DEV)  # converted to float32
+            close(torch.cat([a, b, h], dim=1), torch.cat([a.cpu(), b.cpu(), h.cpu().float()], dim=1))
+            s = rand(8, 5).t()
+            torch.testing.assert_close(torch.sum(s).cpu(), s.cpu().sum(), rtol=1e-5, atol=1e-5)
+            close(torch.sum(a), a.cpu().sum())  # contiguous: the reshape is a view, no copy
+    for op, signatures in (("aten::cat", 1), ("aten::sum", 2)):
+        c = op_counts(op)
+        assert (c["signatures"], c["recorded"], c["replayed"]) == (
+            signatures,
+            2 * signatures,
+            4 * signatures - 2 * signatures,
+        ), (op, c)
+
+
 def host_scalars_are_keyed_by_value():
     fresh()
     with routing.override({"aten::mul.Tensor": "flaggems"}):
@@ -286,24 +308,31 @@ def side_stream_and_second_device():
 
 def graph_replays_the_plan():
     fresh()
-    with routing.override({"aten::add.Tensor": "flaggems"}):
+    with routing.override({"aten::add.Tensor": "flaggems", "aten::cat": "flaggems"}):
         x, y = rand(128), rand(128)
+        m = rand(8, 4)
         for _ in range(3):
             torch.add(x, y)
+            torch.cat([m, m.t().t(), m[:, :2]], dim=1)  # a strided piece: a copy in the plan
         g = torch.flagos.FlagosGraph()
         with torch.flagos.graph(g):
             z = torch.add(x, y)
+            joined = torch.cat([m, m.t().t(), m[:, :2]], dim=1)
         for _ in range(2):
             x.copy_(torch.randn(128))
             y.copy_(torch.randn(128))
+            m.copy_(torch.randn(8, 4))
             g.replay()
             close(z, x.cpu() + y.cpu())
+            close(joined, torch.cat([m.cpu(), m.cpu(), m.cpu()[:, :2]], dim=1))
+    assert op_counts("aten::cat")["replayed"] >= 2, op_counts("aten::cat")
 
 
 SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
     narrow_and_half_arguments,
+    copies_inside_the_wrapper,
     host_scalars_are_keyed_by_value,
     another_implementation_forgets_the_plans,
     signatures_apart,

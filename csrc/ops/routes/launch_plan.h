@@ -71,6 +71,29 @@ struct PlannedLaunch {
   c10::SmallVector<RandomSlot, 2> random;
 };
 
+// A tensor over the plan's memory: `delta` bytes into one of the call's tensor arguments (from its data
+// pointer) or one of its allocations, with the recorded geometry.
+struct PlannedTensor {
+  PointerSource source;  // kTensor or kAllocation
+  uint32_t index;
+  int64_t delta;
+  c10::ScalarType dtype;
+  c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;
+  bool operator==(const PlannedTensor& o) const {
+    return source == o.source && index == o.index && delta == o.delta && dtype == o.dtype &&
+           sizes == o.sizes && strides == o.strides;
+  }
+};
+
+// A copy the wrapper made through ATen (a contiguous copy of a strided input, a clone, a dtype conversion, a
+// copy_), before launch `before_launch`: a replay makes it with the native route's copy_.
+struct PlannedCopy {
+  size_t before_launch;
+  PlannedTensor dst;
+  PlannedTensor src;
+};
+
 // A result of the call: one of its tensor arguments (in-place, out=), or a tensor over one of the
 // allocations (or over an argument's memory: a view of it) with the recorded geometry.
 struct PlannedOutput {
@@ -86,6 +109,7 @@ struct LaunchPlan {
   c10::DeviceIndex device = 0;
   std::vector<size_t> allocation_bytes;
   std::vector<PlannedLaunch> launches;
+  std::vector<PlannedCopy> copies;     // in order, each before the launch it names
   std::vector<PlannedOutput> outputs;  // one per schema return, in order
   bool random = false;                 // advances the generator by random_increment on each replay
   uint64_t random_increment = 0;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "ops/routes/dispatch.h"
 #include "ops/routing/router.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
@@ -110,10 +111,31 @@ void write_slot(uint8_t* params, const RandomSlot& slot, uint64_t value) {
   }
 }
 
-// Runs `plan` for the call on `stack` (its tensors in key order); false, with nothing done, when this
-// call's values do not fit what the kernels were specialised for (the call then takes the Python path).
-bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack,
-              const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
+const c10::OperatorHandle& copy_op() {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  return op;
+}
+
+// Whether a copy's tensor over an argument starts on an element boundary of its dtype for this call (the
+// argument's own offset into its storage is not part of the signature).
+bool copy_fits(const PlannedTensor& t, const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
+  if (t.source != PointerSource::kTensor) return true;
+  const c10::TensorImpl* impl = tensors[t.index];
+  const auto offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(impl->data()) -
+                                           reinterpret_cast<uintptr_t>(impl->storage().data())) +
+                      t.delta;
+  return offset >= 0 && offset % static_cast<int64_t>(c10::elementSize(t.dtype)) == 0;
+}
+
+// Runs `plan` for the call on `stack` (its tensors in key order) and returns null; or, with nothing done,
+// why this call's values do not fit the plan (the call then takes the Python path).
+const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
+  for (const PlannedCopy& copy : plan.copies) {
+    if (!copy_fits(copy.src, tensors) || !copy_fits(copy.dst, tensors)) {
+      return "an argument's offset into its storage does not fit a copy the plan makes";
+    }
+  }
   uint64_t seed = 0, offset = 0;
   std::optional<at::Generator> generator;
   if (plan.random) {
@@ -123,7 +145,9 @@ bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit:
     offset = generator->get_offset();
     for (const PlannedLaunch& launch : plan.launches) {
       for (const RandomSlot& slot : launch.random) {
-        if (!fits(slot, slot.value == RandomValue::kSeed ? seed : offset)) return false;
+        if (!fits(slot, slot.value == RandomValue::kSeed ? seed : offset)) {
+          return "a random op's seed or offset does not fit the recorded kernel";
+        }
       }
     }
     generator->set_offset(offset + plan.random_increment);
@@ -133,21 +157,60 @@ bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit:
     guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, plan.device));
   c10::DeviceAllocator& allocator = runtime::active_mode().allocator();
   c10::SmallVector<c10::DataPtr, 4> memory;
+  c10::SmallVector<uintptr_t, 4> base;
   memory.reserve(plan.allocation_bytes.size());
-  for (size_t bytes : plan.allocation_bytes) memory.push_back(allocator.allocate(bytes));
+  for (size_t bytes : plan.allocation_bytes) {
+    memory.push_back(allocator.allocate(bytes));
+    base.push_back(reinterpret_cast<uintptr_t>(memory.back().get()));
+  }
+  // The allocations that results or copies see as tensors, made storages when first needed.
+  c10::SmallVector<c10::Storage, 4> storages(memory.size());
+  auto storage_of = [&](uint32_t j) -> const c10::Storage& {
+    if (!storages[j]) {
+      storages[j] = c10::Storage(c10::Storage::use_byte_size_t(), plan.allocation_bytes[j],
+                                 std::move(memory[j]), &allocator, /*resizable=*/true);
+    }
+    return storages[j];
+  };
+  auto planned_tensor = [&](const PlannedTensor& t) {
+    c10::Storage storage;
+    int64_t offset_bytes = t.delta;
+    if (t.source == PointerSource::kTensor) {
+      storage = tensors[t.index]->storage();
+      offset_bytes += static_cast<int64_t>(reinterpret_cast<uintptr_t>(tensors[t.index]->data()) -
+                                           reinterpret_cast<uintptr_t>(storage.data()));
+    } else {
+      storage = storage_of(t.index);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                     c10::scalarTypeToTypeMeta(t.dtype));
+    impl->set_sizes_and_strides(t.sizes, t.strides,
+                                offset_bytes / static_cast<int64_t>(c10::elementSize(t.dtype)));
+    return at::Tensor(std::move(impl));
+  };
+  size_t next_copy = 0;
+  auto copies_before = [&](size_t launch) {
+    for (; next_copy < plan.copies.size() && plan.copies[next_copy].before_launch <= launch; ++next_copy) {
+      const PlannedCopy& copy = plan.copies[next_copy];
+      torch::jit::Stack s{planned_tensor(copy.dst), planned_tensor(copy.src), false};
+      record_or_run_route(Backend::kNative, copy_op(), &s);
+    }
+  };
   const c10::Stream stream = runtime::current_stream(plan.device);
   uint8_t buffer[512];
-  for (const PlannedLaunch& launch : plan.launches) {
+  for (size_t li = 0; li < plan.launches.size(); ++li) {
+    copies_before(li);
+    const PlannedLaunch& launch = plan.launches[li];
     TORCH_INTERNAL_ASSERT(launch.params.size() <= sizeof buffer);
     std::memcpy(buffer, launch.params.data(), launch.params.size());
     for (const PointerSlot& slot : launch.pointers) {
-      uintptr_t base = 0;
+      uintptr_t address = 0;
       if (slot.source == PointerSource::kTensor) {
-        base = reinterpret_cast<uintptr_t>(tensors[slot.index]->data());
+        address = reinterpret_cast<uintptr_t>(tensors[slot.index]->data()) + slot.delta;
       } else if (slot.source == PointerSource::kAllocation) {
-        base = reinterpret_cast<uintptr_t>(memory[slot.index].get());
+        address = base[slot.index] + slot.delta;
       }
-      const uintptr_t address = slot.source == PointerSource::kNull ? 0 : base + slot.delta;
       std::memcpy(buffer + slot.param_offset, &address, sizeof address);
     }
     for (const RandomSlot& slot : launch.random) {
@@ -155,26 +218,16 @@ bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit:
     }
     runtime::launch_kernel(launch.function, launch.dims, buffer, launch.params.size(), stream);
   }
+  copies_before(plan.launches.size());
   const size_t num_args = op.schema().arguments().size();
-  c10::SmallVector<c10::Storage, 4> storages(memory.size());
   c10::SmallVector<c10::IValue, 2> results;
   for (const PlannedOutput& out : plan.outputs) {
     if (out.kind == PlannedOutput::kArgument) {
       results.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(tensors[out.index])));
       continue;
     }
-    c10::Storage storage;
-    if (out.kind == PlannedOutput::kAllocation) {
-      c10::Storage& made = storages[out.index];
-      if (!made) {
-        const size_t bytes = plan.allocation_bytes[out.index];
-        made = c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(memory[out.index]), &allocator,
-                            /*resizable=*/true);
-      }
-      storage = made;
-    } else {
-      storage = tensors[out.index]->storage();
-    }
+    c10::Storage storage =
+        out.kind == PlannedOutput::kAllocation ? storage_of(out.index) : tensors[out.index]->storage();
     auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                      c10::scalarTypeToTypeMeta(out.dtype));
@@ -183,7 +236,7 @@ bool run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit:
   }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) stack->push_back(std::move(r));
-  return true;
+  return nullptr;
 }
 
 }  // namespace
@@ -275,7 +328,8 @@ Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stac
       return d;
     }
   }
-  if (run_plan(*plan, op, stack, d.tensors)) {
+  const char* misfit = run_plan(*plan, op, stack, d.tensors);
+  if (misfit == nullptr) {
     std::lock_guard<std::mutex> lock(c.mu);
     ++c.replayed;
     ++op_state(c, op).counts.replayed;
@@ -283,7 +337,7 @@ Decision replay_or_decide(const c10::OperatorHandle& op, torch::jit::Stack* stac
     d.kind = Decision::kReplayed;
     return d;
   }
-  const std::string reason = "a random op's seed or offset does not fit the recorded kernel";
+  const std::string reason = misfit;
   std::lock_guard<std::mutex> lock(c.mu);
   count_python(c, op_state(c, op), reason);
   log_decision(op, "runs in Python", reason);
