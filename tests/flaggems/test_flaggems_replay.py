@@ -161,11 +161,6 @@ def test_qwen3_forward_replays_with_the_eager_result(qwen3_on_flaggems):
     assert torch.equal(captured.cpu(), expected.cpu())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="82% of the forward's flaggems calls are replayed (H200, flag-gems 5.0.2): ops given 0-dim CPU "
-    "tensors and FlagGems' cat kernels stay in Python (docs/flaggems.md, Launch replay)",
-)
 def test_qwen3_forward_replays_95_percent_of_its_flaggems_calls(qwen3_on_flaggems):
     counts = qwen3_on_flaggems[4]
     calls = counts["replayed"] + counts["recorded"] + counts["python"]
