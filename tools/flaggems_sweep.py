@@ -22,6 +22,12 @@ for docs/flaggems.md).
 
     python -m tools.flaggems_sweep --out-dir /tmp/sweep --budget-s 150
     python -m tools.flaggems_sweep --ops aten::add.out,aten::mm.out --workers 1 -v
+    python -m tools.flaggems_sweep --replay-check --map-in /tmp/sweep/flaggems_sweep.json --budget-s 300
+
+``--replay-check`` also runs every passing sample once more with replay off and twice more with it on,
+and requires the replayed result (launches recorded by the flaggems route, replayed from C++) to be
+bitwise equal to the Python path's; a sample that differs fails its op, and the summary counts samples
+replayed bitwise, differing and not replayed (with why).
 
 Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``.
 """
@@ -188,6 +194,44 @@ def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "
     return "pass", ""
 
 
+def check_replay(opinfo, sample, op: str, variant: str) -> tuple[str, str]:
+    """Whether `sample`'s call of `op` (routed to flaggems) replays bitwise: its result on the Python path
+    (replay off) against the same call replayed from its recorded launches, inputs and random seed alike.
+    ('bitwise'|'differs'|'not-replayed', message)."""
+    from torch_fl import routing
+
+    def run():
+        torch.manual_seed(0)
+        dut = move_for_variant(sample, variant, "flagos")
+        out = run_variant(opinfo, variant, dut)
+        return [*opinfo_harness._tensors(out), *([dut.input] if variant == "inplace" else [])]
+
+    def replayed() -> int:
+        return routing.replay_counts()["ops"].get(op, {}).get("replayed", 0)
+
+    routing.set_replay(False)
+    try:
+        python_path = run()
+    finally:
+        routing.set_replay(True)
+    for _ in range(2):  # record until two recordings agree (compare_sample made the first)
+        run()
+    before, refused = replayed(), dict(routing.replay_counts()["refused"])
+    last = run()
+    if replayed() == before:
+        now = routing.replay_counts()["refused"]
+        reasons = [why for why, n in now.items() if n > refused.get(why, 0)]
+        return "not-replayed", "; ".join(reasons)[:200] or "recordings did not settle"
+    try:
+        for expected, actual in zip(python_path, last, strict=True):
+            torch.testing.assert_close(
+                opinfo_harness.to_cpu(actual), opinfo_harness.to_cpu(expected), rtol=0, atol=0, equal_nan=True
+            )
+    except Exception as exc:  # noqa: BLE001
+        return "differs", "replayed result differs from the Python path's: " + mismatch_message(exc)
+    return "bitwise", ""
+
+
 @dataclass
 class CaseResult:
     """One (op, OpInfo, dtype)."""
@@ -200,6 +244,8 @@ class CaseResult:
     flaggems_calls: int = 0
     message: str = ""
     seconds: float = 0.0
+    replay: dict = field(default_factory=dict)  # with --replay-check: bitwise/differs/not-replayed -> samples
+    replay_message: str = ""
 
 
 @dataclass
@@ -212,7 +258,13 @@ class OpResult:
 
 
 def sweep_case(
-    op: str, opinfo, variant: str, dtype: torch.dtype, max_samples: int, sample_timeout_s: float
+    op: str,
+    opinfo,
+    variant: str,
+    dtype: torch.dtype,
+    max_samples: int,
+    sample_timeout_s: float,
+    replay_check: bool = False,
 ) -> CaseResult:
     from torch_fl import routing
 
@@ -232,18 +284,26 @@ def sweep_case(
     if not samples:
         return CaseResult(op, key, dname, "skip-samples")
     counts: collections.Counter = collections.Counter()
+    replays: collections.Counter = collections.Counter()
     first: dict[str, str] = {}
     with CallCounter(op) as counter, routing.override({op: "flaggems"}):
         for sample in samples:
             try:
                 with opinfo_harness.time_limit(sample_timeout_s):
                     status, message = compare_sample(opinfo, sample, op, dtype, variant)
+                    if replay_check and status == "pass":
+                        replay, why = check_replay(opinfo, sample, op, variant)
+                        replays[replay] += 1
+                        first.setdefault(f"replay:{replay}", why)
+                        if replay == "differs":
+                            status, message = "mismatch", why
             except Exception as exc:  # noqa: BLE001  (the sweep must never stop on one sample)
                 status, message = "error", opinfo_harness.short_message(exc)
             counts[status] += 1
             if status != "pass":
                 first.setdefault(status, message)
     torch.flagos.synchronize()
+    replay_message = first.get("replay:differs") or first.get("replay:not-replayed", "")
     if counts["error"]:
         status = "error"
     elif counts["mismatch"]:
@@ -261,6 +321,8 @@ def sweep_case(
         counter.calls,
         first.get(status, ""),
         round(time.perf_counter() - start, 3),
+        dict(replays),
+        replay_message,
     )
 
 
@@ -379,7 +441,15 @@ def run_worker(args) -> int:
                 supported = opinfo_harness.supported_dtypes(opinfo, REFERENCE[0])
                 for dtype in dtypes:
                     if dtype in supported:
-                        case = sweep_case(op, opinfo, variant, dtype, args.max_samples, args.sample_timeout)
+                        case = sweep_case(
+                            op,
+                            opinfo,
+                            variant,
+                            dtype,
+                            args.max_samples,
+                            args.sample_timeout,
+                            task.get("replay_check", False),
+                        )
                         cases.append(case)
                         if args.verbose:
                             print(
@@ -539,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated ops not to sweep: they keep an earlier run's result, else stay not-run",
     )
     parser.add_argument("--opinfos", default="", help="comma-separated OpInfo keys to discover (default all)")
+    parser.add_argument(
+        "--replay-check",
+        action="store_true",
+        help="also replay each passing sample from its recorded launches and require the result bitwise equal"
+        " to the Python path's (a sample that differs fails its op)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     add_worker_arguments(parser)
     args = parser.parse_args(argv)
@@ -580,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     for op in excluded & set(ops):
         earlier.setdefault(op, OpResult(op, "not-run"))
     ops = [op for op in ops if op not in earlier]
-    common = {"dtypes": dtypes, "ops": ops}
+    common = {"dtypes": dtypes, "ops": ops, "replay_check": args.replay_check}
     print(
         f"flaggems_sweep: {environment_line()}; {len(ops)} ops, {args.workers} workers, budget {args.budget_s:.0f} s"
     )
@@ -650,6 +726,26 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(os.path.join(args.out_dir, "flaggems_sweep.md"), results, header)
     counts = collections.Counter(r.status for r in results.values())
     print(f"flaggems_sweep: {dict(counts)} in {elapsed:.0f} s; outputs in {args.out_dir}")
+    if args.replay_check:
+        print("flaggems_sweep: replay check, samples: " + replay_summary(results))
+    return 0
+
+
+def replay_summary(results: dict[str, OpResult]) -> str:
+    """Samples replayed bitwise, differing and not replayed over every op, with the ops of the last two."""
+    totals: collections.Counter = collections.Counter()
+    ops: dict[str, set] = collections.defaultdict(set)
+    for result in results.values():
+        for case in result.cases:
+            case = case if isinstance(case, dict) else asdict(case)
+            for kind, n in case.get("replay", {}).items():
+                totals[kind] += n
+                ops[kind].add(result.op)
+    parts = [f"{totals[k]} {k}" for k in ("bitwise", "differs", "not-replayed")]
+    for kind in ("differs", "not-replayed"):
+        if ops[kind]:
+            parts.append(f"{kind}: {', '.join(sorted(ops[kind]))}")
+    return "; ".join(parts)
     return 0
 
 

@@ -328,6 +328,43 @@ def graph_replays_the_plan():
     assert op_counts("aten::cat")["replayed"] >= 2, op_counts("aten::cat")
 
 
+def sweep_replay_check():
+    """tools/flaggems_sweep.py's --replay-check on OpInfo samples: the replayed result against the Python
+    path's, bitwise; a wrapper whose later calls launch differently from its first is caught."""
+    from harness import opinfo as opinfo_harness
+    from tools.flaggems_sweep import check_replay
+
+    fresh()
+    db = opinfo_harness.load_op_db()
+    samples = [
+        s
+        for s in db["add"].sample_inputs("cpu", torch.float32)
+        if isinstance(s.args[0], torch.Tensor) and s.args[0].shape == s.input.shape and s.input.numel() > 1
+    ][:2]
+    assert samples
+    op = "aten::add.Tensor"
+    impl = torch_fl._flaggems.implementation(op)
+    with routing.override({op: "flaggems"}):
+        for sample in samples:
+            assert check_replay(db["add"], sample, op, "") == ("bitwise", ""), sample
+        neg = next(iter(db["neg"].sample_inputs("cpu", torch.float32)))
+        with routing.override({"aten::neg": "flaggems"}):
+            status, why = check_replay(db["neg"], neg, "aten::neg", "")
+        assert (status, why) == ("not-replayed", "reads device data on the host (aten::item)"), (status, why)
+        calls = []
+
+        def drifting_add(x, y, *, alpha=1):  # its first call adds once more than every later one
+            calls.append(1)
+            return impl(x, y, alpha=alpha + (1 if len(calls) == 1 else 0))
+
+        _C._routing_set_flaggems_impl(op, drifting_add)
+        try:
+            status, why = check_replay(db["add"], samples[0], op, "")
+        finally:
+            _C._routing_set_flaggems_impl(op, impl)
+        assert status == "differs" and "differs from the Python path" in why, (status, why)
+
+
 SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
@@ -343,6 +380,7 @@ SCENARIOS = [
     threads_share_plans,
     side_stream_and_second_device,
     graph_replays_the_plan,
+    sweep_replay_check,
 ]
 
 

@@ -43,6 +43,7 @@ NAMES = [
     "threads_share_plans",
     "side_stream_and_second_device",
     "graph_replays_the_plan",
+    "sweep_replay_check",
 ]
 
 
