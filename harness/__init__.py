@@ -6,7 +6,11 @@
 - ``processes``: functions run in a clean Python process, and two processes taking turns;
 - ``cpus``: CPU lists as ``taskset -c`` writes them, and binding a process's threads to one;
 - ``opinfo``, ``opinfo_variants``: PyTorch's OpInfo database as the judge of the flagos device;
-- ``fake_flaggems/``: a stand-in FlagGems for the CPU tests of the flaggems backend.
+- ``flaggems``: what FlagGems checks share (tolerances, the call counter, bitwise comparison, the replay
+  check);
+- ``fake_flaggems/``: a stand-in FlagGems for the CPU tests of the flaggems backend;
+- ``launch_stand_in/``: a FlagGems- and Triton-shaped kernel library for the simulated accelerator, which
+  the tests of launch replay serve as the flaggems backend.
 
 The dependencies run one way: tests, benchmarks, tools and examples import this package, never the other
 way round. It is not installed: tests run from the repository's root (pyproject.toml's ``pythonpath``), and

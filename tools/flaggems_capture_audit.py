@@ -31,7 +31,7 @@ diagnosis: autotuning, Triton compile or kernel load, host sync, device query, a
 output size, host return value, random state frozen at capture, work not captured), ``fails-eager``,
 ``not-exercised`` (FlagGems' function never ran), ``crash`` (the worker died), ``timeout``
 (``--op-timeout-s``), ``no-sample``, ``not-run`` (``--budget-s`` ran out). Transformer ops (those of a
-Qwen3 forward, then the sweep's PRIORITY) run first, so a budget cut leaves the least important ops.
+Qwen3 forward, then harness.flaggems.PRIORITY_OPS) run first, so a budget cut leaves the least important ops.
 
 Workers (``--workers`` processes) take ops one at a time from the parent. "Cold" is per op family: a
 worker is given only ops whose family (the op's base name: ``add.Tensor``, ``add.out`` and ``add_.Tensor``

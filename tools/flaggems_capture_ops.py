@@ -12,15 +12,14 @@ import re
 import torch
 
 from harness import opinfo as opinfo_harness
+from harness.flaggems import PRIORITY_OPS, bitwise_equal, tolerance
 from harness.opinfo_variants import split_case
 from harness.processes import REPO_ROOT
-from tools import flaggems_common as common
 from tools import flaggems_model_sweep as model_sweep
-from tools import flaggems_sweep as sweep
 
 # Audited first: the ops a Qwen3 forward reaches on flagos backed by CUDA (projections: mm, or addmm with a
 # bias; attention: SDPA's kernels or, in its math form, bmm and softmax; RMSNorm: pow, mean, add, rsqrt,
-# mul; rotary embedding: cos, sin, neg, cat; greedy decoding: argmax), then the sweep's PRIORITY.
+# mul; rotary embedding: cos, sin, neg, cat; greedy decoding: argmax), then the ops the sweep takes first (harness.flaggems.PRIORITY_OPS).
 TRANSFORMER_OPS = (
     "aten::mm",
     "aten::mm.out",
@@ -99,7 +98,7 @@ RANDOM = frozenset(
 
 def audit_order(ops: list[str]) -> list[str]:
     rank: dict[str, int] = {}
-    for op in (*TRANSFORMER_OPS, *sweep.PRIORITY):
+    for op in (*TRANSFORMER_OPS, *PRIORITY_OPS):
         rank.setdefault(op, len(rank))
     return sorted(ops, key=lambda op: (rank.get(op, len(rank)), op))
 
@@ -159,19 +158,6 @@ def guessed_cases(op: str) -> list[str]:
 # ---- comparisons and diagnoses ----------------------------------------------------------------------
 
 
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.is_floating_point():
-        bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
-    return False
-
-
 def difference(expected: list[torch.Tensor], actual: list[torch.Tensor]) -> tuple[bool, str]:
     """(bitwise equal, '' or what differs: the first tensor that does and its greatest difference)."""
     if len(expected) != len(actual):
@@ -197,7 +183,7 @@ def difference(expected: list[torch.Tensor], actual: list[torch.Tensor]) -> tupl
 def within_tolerance(op: str, expected: list[torch.Tensor], actual: list[torch.Tensor]) -> bool:
     try:
         for e, a in zip(expected, actual, strict=True):
-            rtol, atol = common.tolerance(e.dtype, op)
+            rtol, atol = tolerance(e.dtype, op)
             torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True)
     except (AssertionError, ValueError):
         return False

@@ -24,11 +24,11 @@ import warnings
 import torch
 
 from harness import opinfo as opinfo_harness
+from harness.flaggems import RouteCallCounter, bitwise_equal
 from harness.opinfo_variants import move_for_variant, run_variant, split_case
 from tools import flaggems_common as common
 from tools import flaggems_model_sweep as model_sweep
 from tools.flaggems_capture_ops import (
-    bitwise_equal,
     diagnose,
     difference,
     error_record,
@@ -49,34 +49,6 @@ REPLACED_EXIT = 0  # a worker's exit status when it ends after a failed capture 
 FAILED_CAPTURES: list[str] = []
 
 # ---- one op in a worker ---------------------------------------------------------------------------------
-
-
-class RouteCallCounter(common.CallCounter):
-    """The sweep's CallCounter, keeping an ``out`` adapter an adapter: the route then calls FlagGems'
-    functional function and copies into ``out`` itself (in C++), as it does without a counter, so that the
-    counted call is the call users get."""
-
-    @staticmethod
-    def _make_wrapper(op, impl):
-        spec = getattr(impl, "_torch_fl_out_adapter", None)
-        if spec is None:
-            return common.CallCounter._make_wrapper(op, impl)
-        fn, names = spec
-
-        def counted(*args, **kwargs):
-            counter = common.CallCounter._entered.get(op)
-            if counter is not None:
-                counter._count()
-            return fn(*args, **kwargs)
-
-        def adapter(*args, **kwargs):
-            from torch_fl import _flaggems
-
-            outs = [kwargs.pop(name) for name in names]
-            return _flaggems._copy_results(outs, counted(*args, **kwargs))
-
-        adapter._torch_fl_out_adapter = (counted, names)
-        return adapter
 
 
 def native_type() -> str:

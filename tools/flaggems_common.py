@@ -1,6 +1,7 @@
 """What the FlagGems sweeps share (flaggems_sweep.py: OpInfo samples; flaggems_model_sweep.py: a model's
-calls): tolerances, the FlagGems call counter, the environment check (and the CPU stand-in), worker
-processes that survive crashing kernels, and the report helpers."""
+calls) beyond harness/flaggems.py (tolerances, the call counter, the replay check, which tests use too):
+the environment check (and the CPU stand-in), worker processes that survive crashing kernels, and the
+report helpers."""
 
 from __future__ import annotations
 
@@ -16,114 +17,7 @@ import time
 import torch
 
 import torch_fl
-from harness import opinfo as opinfo_harness
 from harness.processes import python_env
-
-# Dtype-fit tolerances (rtol, atol) for FlagGems against native CUDA. Different kernels accumulate in a
-# different order, so results agree to a few units in the last place of the dtype, not bitwise.
-TOLERANCES = {
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (2e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float64: (1e-7, 1e-7),
-}
-# Triton's tl.dot takes float32 inputs at TF32 precision by default (10-bit mantissa), while torch's CUDA
-# matmuls run full float32 (torch.backends.cuda.matmul.allow_tf32 is False): float32 matmul-family ops are
-# compared at TF32 tolerance.
-TF32_OPS = frozenset(
-    {
-        "aten::mm",
-        "aten::mm.out",
-        "aten::bmm",
-        "aten::bmm.out",
-        "aten::addmm",
-        "aten::addmm.out",
-        "aten::baddbmm",
-        "aten::baddbmm.out",
-        "aten::addmv",
-        "aten::addmv.out",
-        "aten::mv",
-        "aten::mv.out",
-        "aten::dot",
-        "aten::vdot",
-        "aten::_flash_attention_forward",
-        "aten::_grouped_mm",
-    }
-)
-TF32_TOLERANCE = (1e-2, 1e-2)
-
-
-def tolerance(dtype: torch.dtype, op: str = "") -> tuple[float, float]:
-    """(rtol, atol) for comparing `op`'s FlagGems result in `dtype` with native CUDA's."""
-    if dtype == torch.float32 and op in TF32_OPS:
-        return TF32_TOLERANCE
-    return TOLERANCES.get(dtype, (0.0, 0.0))
-
-
-def mismatch_message(exc: BaseException) -> str:
-    """assert_close's first line plus its mismatch counts and greatest differences, on one line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    detail = [line for line in lines[1:] if line.startswith(("Mismatched", "Greatest"))]
-    return "; ".join([opinfo_harness.short_message(exc), *detail])[:400]
-
-
-class CallCounter:
-    """Re-registers `op`'s FlagGems implementation behind a counter for the duration of a with block.
-
-    ``calls`` counts calls of FlagGems' Python wrapper; ``replayed`` calls replayed from recorded launches
-    (docs/flaggems.md), which run no Python. The wrapper registered is one per op and implementation,
-    shared by every counter of the op (it counts for the one entered): launch plans are forgotten when an
-    op's implementation changes, so they then survive from one counter to the next."""
-
-    _wrappers: dict = {}  # (op, implementation) -> the counting wrapper registered for it
-    _entered: dict = {}  # op -> the counter entered
-
-    def __init__(self, op: str):
-        from torch_fl import _flaggems
-
-        self.op = op
-        self.impl = _flaggems.implementation(op)
-        self.calls = 0
-        self._replayed_at_entry = 0
-        self._replayed = 0
-
-    def _count(self) -> None:
-        self.calls += 1
-
-    def wrapper(self):
-        key = (self.op, id(self.impl))
-        if key not in CallCounter._wrappers:
-            CallCounter._wrappers[key] = self._make_wrapper(self.op, self.impl)
-        return CallCounter._wrappers[key]
-
-    @staticmethod
-    def _make_wrapper(op, impl):
-        def counting(*args, **kwargs):
-            counter = CallCounter._entered.get(op)
-            if counter is not None:
-                counter._count()
-            return impl(*args, **kwargs)
-
-        return counting
-
-    @property
-    def replayed(self) -> int:
-        return self._replayed
-
-    def _replay_count(self) -> int:
-        return torch_fl.routing.replay_counts()["ops"].get(self.op, {}).get("replayed", 0)
-
-    def __enter__(self):
-        CallCounter._entered[self.op] = self
-        self._replayed_at_entry = self._replay_count()
-        torch_fl._C._routing_set_flaggems_impl(self.op, self.wrapper())
-        return self
-
-    def __exit__(self, *exc):
-        torch_fl._C._routing_set_flaggems_impl(self.op, self.impl)
-        self._replayed += self._replay_count() - self._replayed_at_entry
-        CallCounter._entered.pop(self.op, None)
-
 
 # The reference device: CUDA, except in the CPU tests' stand-in mode (--stand-in), where flagos runs on the
 # simulated accelerator, the reference on the CPU, and harness/fake_flaggems plays FlagGems.

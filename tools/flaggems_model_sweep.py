@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fl
 from harness import opinfo as opinfo_harness
+from harness.flaggems import CallCounter, mismatch_message, tolerance
 from tools import flaggems_common as common
 from tools import flaggems_sweep as sweep
 
@@ -233,11 +234,11 @@ def compare(op: str, expected, actual) -> str:
             continue
         if a.device.type != e.device.type:
             return f"tensor {i} on {a.device.type}, expected on {e.device.type}"
-        rtol, atol = common.tolerance(e.dtype, op)
+        rtol, atol = tolerance(e.dtype, op)
         try:
             torch.testing.assert_close(as_native(a), as_native(e), rtol=rtol, atol=atol, equal_nan=True)
         except AssertionError as exc:
-            return f"tensor {i}: {common.mismatch_message(exc)}"
+            return f"tensor {i}: {mismatch_message(exc)}"
     return ""
 
 
@@ -261,7 +262,7 @@ def replay(op: str, call: dict) -> CallResult:
             torch.flagos.synchronize()
     except Exception as exc:  # noqa: BLE001  (the reference's error is what flaggems must match)
         ref_exc = exc
-    with common.CallCounter(op) as counter, routing.override({op: "flaggems"}):
+    with CallCounter(op) as counter, routing.override({op: "flaggems"}):
         try:
             actual = func(*dut_args, **dut_kwargs)
             torch.flagos.synchronize()

@@ -11,7 +11,7 @@ every sample of every (OpInfo, dtype) matched.
    OpInfo runs on flagos in each of its variants (function, in-place, out=, forward and backward:
    harness/opinfo_variants.py), and the recorders say which ops it reached.
 2. Sweep: per op, up to ``--max-opinfos`` of its OpInfos, every dtype of ``--dtypes`` the OpInfo supports
-   on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY`), so that a
+   on CUDA, the first ``--max-samples`` samples. Transformer ops first (:data:`PRIORITY_OPS`), so that a
    ``--budget-s`` that runs out leaves the least important ops unrun (reported as ``not-run``).
 
 Both phases run in ``--workers`` processes (Triton compiles on the CPU); a worker that dies marks the op it
@@ -47,93 +47,24 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from harness import opinfo as opinfo_harness
+from harness.flaggems import PRIORITY_OPS, CallCounter, check_replay, mismatch_message, tolerance
 from harness.opinfo_variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case
 from tools.flaggems_common import (
     REFERENCE,
-    CallCounter,
     add_worker_arguments,
     check_environment,
     environment_line,
-    mismatch_message,
     run_phase,
-    tolerance,
     write_status_markdown,
 )
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
-# Swept first: the ops a transformer (Qwen3) spends its time in, then everything else alphabetically.
-# Both overloads of an op: with flagos backed by CUDA calls reach the functional one (aten::mm) directly,
-# elsewhere its composite calls the out= one (aten::mm.out).
-PRIORITY = (
-    "aten::mm",
-    "aten::mm.out",
-    "aten::bmm",
-    "aten::bmm.out",
-    "aten::addmm",
-    "aten::addmm.out",
-    "aten::_softmax",
-    "aten::_softmax.out",
-    "aten::silu",
-    "aten::silu.out",
-    "aten::mul.Tensor",
-    "aten::mul.out",
-    "aten::add.Tensor",
-    "aten::add.out",
-    "aten::sub.Tensor",
-    "aten::sub.out",
-    "aten::div.Tensor",
-    "aten::div.out",
-    "aten::pow.Tensor_Scalar",
-    "aten::pow.Tensor_Scalar_out",
-    "aten::rsqrt",
-    "aten::rsqrt.out",
-    "aten::mean.dim",
-    "aten::mean.out",
-    "aten::sum.dim_IntList",
-    "aten::sum.IntList_out",
-    "aten::index_select",
-    "aten::cat",
-    "aten::cat.out",
-    "aten::neg",
-    "aten::neg.out",
-    "aten::exp",
-    "aten::exp.out",
-    "aten::where.self",
-    "aten::where.self_out",
-    "aten::masked_fill_.Scalar",
-    "aten::fill_.Scalar",
-    "aten::zero_",
-    "aten::amax",
-    "aten::amax.out",
-    "aten::max.dim",
-    "aten::max.dim_max",
-    "aten::argmax",
-    "aten::argmax.out",
-    "aten::_log_softmax",
-    "aten::_log_softmax.out",
-    "aten::gelu",
-    "aten::gelu.out",
-    "aten::tanh",
-    "aten::tanh.out",
-    "aten::sigmoid",
-    "aten::sigmoid.out",
-    "aten::cos",
-    "aten::cos.out",
-    "aten::sin",
-    "aten::sin.out",
-    "aten::cumsum",
-    "aten::cumsum.out",
-    "aten::topk",
-    "aten::topk.values",
-    "aten::_flash_attention_forward",
-)
-
 STATUSES = ("pass", "fail", "crash", "not-exercised", "no-opinfo", "not-run")
 
 
 def priority_order(ops: list[str]) -> list[str]:
-    rank = {op: i for i, op in enumerate(PRIORITY)}
+    rank = {op: i for i, op in enumerate(PRIORITY_OPS)}
     return sorted(ops, key=lambda op: (rank.get(op, len(rank)), op))
 
 
@@ -192,44 +123,6 @@ def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "
     except Exception as exc:  # noqa: BLE001
         return "mismatch", mismatch_message(exc)
     return "pass", ""
-
-
-def check_replay(opinfo, sample, op: str, variant: str) -> tuple[str, str]:
-    """Whether `sample`'s call of `op` (routed to flaggems) replays bitwise: its result on the Python path
-    (replay off) against the same call replayed from its recorded launches, inputs and random seed alike.
-    ('bitwise'|'differs'|'not-replayed', message)."""
-    from torch_fl import routing
-
-    def run():
-        torch.manual_seed(0)
-        dut = move_for_variant(sample, variant, "flagos")
-        out = run_variant(opinfo, variant, dut)
-        return [*opinfo_harness._tensors(out), *([dut.input] if variant == "inplace" else [])]
-
-    def replayed() -> int:
-        return routing.replay_counts()["ops"].get(op, {}).get("replayed", 0)
-
-    routing.set_replay(False)
-    try:
-        python_path = run()
-    finally:
-        routing.set_replay(True)
-    for _ in range(2):  # record until two recordings agree (compare_sample made the first)
-        run()
-    before, refused = replayed(), dict(routing.replay_counts()["refused"])
-    last = run()
-    if replayed() == before:
-        now = routing.replay_counts()["refused"]
-        reasons = [why for why, n in now.items() if n > refused.get(why, 0)]
-        return "not-replayed", "; ".join(reasons)[:200] or "recordings did not settle"
-    try:
-        for expected, actual in zip(python_path, last, strict=True):
-            torch.testing.assert_close(
-                opinfo_harness.to_cpu(actual), opinfo_harness.to_cpu(expected), rtol=0, atol=0, equal_nan=True
-            )
-    except Exception as exc:  # noqa: BLE001
-        return "differs", "replayed result differs from the Python path's: " + mismatch_message(exc)
-    return "bitwise", ""
 
 
 @dataclass

@@ -332,7 +332,7 @@ def sweep_replay_check():
     """tools/flaggems_sweep.py's --replay-check on OpInfo samples: the replayed result against the Python
     path's, bitwise; a wrapper whose later calls launch differently from its first is caught."""
     from harness import opinfo as opinfo_harness
-    from tools.flaggems_sweep import check_replay
+    from harness.flaggems import check_replay
 
     fresh()
     db = opinfo_harness.load_op_db()

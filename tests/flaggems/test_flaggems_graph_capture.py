@@ -22,8 +22,7 @@ import test_flaggems_kernels
 import torch
 from test_flaggems_kernels import HIDDEN, qwen3_layer, qwen3_params, rope, shipped_flaggems_ops
 
-from tools.flaggems_capture_ops import bitwise_equal
-from tools.flaggems_capture_worker import RouteCallCounter
+from harness.flaggems import RouteCallCounter, bitwise_equal
 from torch_fl import _flaggems, routing
 
 pytestmark = pytest.mark.gpu

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_fl
+from harness.flaggems import PRIORITY_OPS, CallCounter, tolerance
 from torch_fl import _flaggems, routing
 
 pytestmark = pytest.mark.gpu
@@ -31,18 +32,6 @@ NATIVE = "cuda"  # the reference device (a variable only so that the tests' own 
 # Qwen3-0.6B: hidden 1024, 16 query heads, 8 KV heads, head_dim 128, intermediate 3072 (short sequences
 # here; benchmarks/flaggems_kernels.py times seq 512).
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1024, 16, 8, 128, 3072
-
-
-def sweep():
-    from tools import flaggems_sweep  # the repository root is on sys.path (pyproject.toml: pythonpath)
-
-    return flaggems_sweep
-
-
-def common():
-    from tools import flaggems_common
-
-    return flaggems_common
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +95,7 @@ def flaggems_routes(entries: list[str]):
     for entry in entries:
         ops = [op for op in entry.split("|") if _flaggems.implementation(op) is not None]
         assert ops, f"FlagGems implements none of {entry}"
-        families.append((entry, [common().CallCounter(op) for op in ops]))
+        families.append((entry, [CallCounter(op) for op in ops]))
     counters = [counter for _, family in families for counter in family]
     with contextlib.ExitStack() as stack:
         for counter in counters:
@@ -130,7 +119,7 @@ def check(fn, inputs, ops, dtype, scale: float = 1.0):
     flagos_inputs = to_flagos(inputs)
     with flaggems_routes(ops):
         actual = fn(*flagos_inputs)
-    tolerances = [common().tolerance(dtype, op) for op in ops]
+    tolerances = [tolerance(dtype, op) for op in ops]
     rtol, atol = scale * max(t[0] for t in tolerances), scale * max(t[1] for t in tolerances)
     expected_list = expected if isinstance(expected, (tuple, list)) else [expected]
     actual_list = actual if isinstance(actual, (tuple, list)) else [actual]
@@ -295,7 +284,7 @@ def test_sdpa_default_path_under_flaggems_routes(gems):
         randn(1, KV_HEADS, 64, HEAD_DIM, dtype=torch.bfloat16),
     )
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    routable = [op for op in sweep().PRIORITY if op in set(_flaggems.routable_ops())]
+    routable = [op for op in PRIORITY_OPS if op in set(_flaggems.routable_ops())]
     with routing.override({op: "flaggems" for op in routable}):
         actual = F.scaled_dot_product_attention(*to_flagos([q, k, v]), is_causal=True, enable_gqa=True)
     torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=1.6e-2, atol=1e-2)
