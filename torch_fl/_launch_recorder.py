@@ -10,9 +10,10 @@ While a thread records, two watchers see what the wrapper does on that thread, a
   argument, typed by the kernel's signature;
 - every ATen call, through a ``TorchDispatchMode``: allocations (``empty`` and its kin) and views are
   part of a plan; so are copies between tensors on the device (``contiguous`` or ``reshape`` of a strided
-  tensor, ``clone``, a dtype conversion, ``copy_``), which a replay makes with the native route's
-  ``copy_``; anything else that does device work (a fill, a native kernel) or reads data on the host
-  (``.item()``) makes the recording a refusal that names it.
+  tensor, ``clone``, a dtype conversion, ``copy_``) and fills (``zeros``, ``full``, ``zero_``, ``fill_``),
+  which a replay makes with the native route's ``copy_`` and ``fill_``; anything else that does device
+  work (a native kernel) or reads data on the host (``.item()``) makes the recording a refusal that names
+  it.
 
 Nothing here decides whether a call is replayable beyond that: the C++ side matches pointers to the
 call's tensors and allocations, compares recordings, and keeps or refuses the plan.
@@ -66,6 +67,20 @@ _ALLOCATIONS = frozenset(
 )
 # ATen functions that copy a tensor into new memory: recorded as copies the replay makes natively.
 _COPIES = frozenset(("clone.default", "_to_copy.default"))
+# ATen functions that make new memory filled with one value (the value: a constant, or the argument at that
+# position or keyword), and the in-place fills: recorded as fills the replay makes natively.
+_FILLED = {
+    "zeros.default": 0,
+    "zeros_like.default": 0,
+    "new_zeros.default": 0,
+    "ones.default": 1,
+    "ones_like.default": 1,
+    "new_ones.default": 1,
+    "full.default": (1, "fill_value"),
+    "full_like.default": (1, "fill_value"),
+    "new_full.default": (2, "fill_value"),
+}
+_FILLS = {"zero_.default": 0, "fill_.Scalar": (1, "value")}
 _HOST_READS = frozenset(
     ("_local_scalar_dense.default", "equal.default", "is_nonzero.default", "item.default")
 )
@@ -91,15 +106,16 @@ _METADATA = frozenset(
 
 class Recording:
     """What one wrapper call did: ``launches`` (tuples, see :func:`_describe`), ``allocations`` ((data
-    pointer, bytes, launches made before it) of each storage it allocated), ``copies`` (tensor copies it
-    made through ATen) and ``refusal`` (why it cannot be replayed, or None)."""
+    pointer, bytes, launches made before it) of each storage it allocated), ``steps`` (the copies and fills
+    it made through ATen) and ``refusal`` (why it cannot be replayed, or None)."""
 
-    __slots__ = ("launches", "allocations", "copies", "refusal", "stream")
+    __slots__ = ("launches", "allocations", "steps", "refusal", "stream")
 
     def __init__(self, stream: int | None):
         self.launches: list[tuple] = []
         self.allocations: list[tuple[int, int]] = []
-        self.copies: list[tuple] = []  # (launches before it, destination, source)
+        # ("copy", launches before it, destination, source) or ("fill", launches before it, destination, value)
+        self.steps: list[tuple] = []
         self.refusal: str | None = None
         self.stream = stream
 
@@ -142,6 +158,17 @@ class _Watch(TorchDispatchMode):
                 self.recording.refuse(f"reads device data on the host ({func._schema.name})")
         elif name == "copy_.default":
             self._copy(func, args[0], args[1])
+        elif name in _FILLED or name in _FILLS:
+            if name in _FILLED and isinstance(out, torch.Tensor):
+                storage = out.untyped_storage()
+                self.recording.allocations.append(
+                    (storage.data_ptr(), storage.nbytes(), len(self.recording.launches))
+                )
+            value = _FILLED.get(name) if name in _FILLED else _FILLS[name]
+            if isinstance(value, tuple):
+                index, keyword = value
+                value = args[index] if len(args) > index else (kwargs or {}).get(keyword)
+            self._fill(func, out if name in _FILLED else args[0], value)
         elif name in _COPIES or (_is_view(func) and not _shares_memory(out, args)):
             # A copy into new memory; also what a view-typed op returns when it cannot view
             # (``contiguous`` of a strided tensor, ``reshape`` of one that no view can reshape).
@@ -172,7 +199,16 @@ class _Watch(TorchDispatchMode):
                 self.recording.refuse(f"runs {func._schema.name} (a reshaping copy) inside the wrapper")
                 return
             dst = dst.view(src.shape)  # a reshape's copy: the source's elements in order
-        self.recording.copies.append((len(self.recording.launches), dst, src))
+        self.recording.steps.append(("copy", len(self.recording.launches), dst, src))
+
+    def _fill(self, func, dst, value) -> None:
+        """Records `dst` filled with `value` (the native route's ``fill_`` fills it again on replay)."""
+        if not isinstance(dst, torch.Tensor) or dst.layout != torch.strided or dst.device.type == "meta":
+            self.recording.refuse(f"runs {func._schema.name} on a non-strided tensor inside the wrapper")
+        elif isinstance(value, bool | int | float):
+            self.recording.steps.append(("fill", len(self.recording.launches), dst, value))
+        else:
+            self.recording.refuse(f"runs {func._schema.name} with a value of type {type(value).__name__}")
 
     def _reads_host_scalars(self, args) -> bool:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]

@@ -208,27 +208,37 @@ PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t laun
   return *found;
 }
 
-// One side of a copy the wrapper made: a tensor over the call's memory, whose replay starts on an element
-// boundary whatever the argument's offset into its storage.
-ops::replay::PlannedTensor plan_copy_side(const at::Tensor& t, size_t launch, const char* side,
-                                          const c10::SmallVectorImpl<ArgumentMemory>& arguments,
-                                          const std::vector<Allocation>& allocations) {
+// A tensor a copy or fill of the wrapper wrote or read: a tensor over the call's memory, whose replay starts
+// on an element boundary whatever the argument's offset into its storage.
+ops::replay::PlannedTensor plan_step_tensor(const at::Tensor& t, size_t launch, const char* side,
+                                            const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+                                            const std::vector<Allocation>& allocations) {
   const std::optional<PointerSlot> found =
       find_memory(reinterpret_cast<uintptr_t>(t.const_data_ptr()), launch, arguments, allocations);
   if (!found) {
-    throw Refused(std::string("a copy inside the wrapper whose ") + side +
+    throw Refused(std::string("a copy or fill inside the wrapper whose ") + side +
                   " is memory the call neither received nor allocated");
   }
   const auto item = static_cast<int64_t>(t.itemsize());
   const bool aligned = found->delta % item == 0 &&
                        (found->source != PointerSource::kTensor ||
                         static_cast<int64_t>(arguments[found->index].impl->itemsize()) % item == 0);
-  if (!aligned)
-    throw Refused(std::string("a copy inside the wrapper whose ") + side + " is not element-aligned");
+  if (!aligned) {
+    throw Refused(std::string("a copy or fill inside the wrapper whose ") + side + " is not element-aligned");
+  }
   ops::replay::PlannedTensor planned{found->source, found->index, found->delta, t.scalar_type(), {}, {}};
   planned.sizes.assign(t.sizes().begin(), t.sizes().end());
   planned.strides.assign(t.strides().begin(), t.strides().end());
   return planned;
+}
+
+// A fill's value as Python gave it: a bool, an int or a float (fill_ casts it to the tensor's dtype).
+c10::Scalar fill_value(const py::handle value) {
+  if (py::isinstance<py::bool_>(value)) return c10::Scalar(value.cast<bool>());
+  if (py::isinstance<py::int_>(value)) return c10::Scalar(value.cast<int64_t>());
+  if (py::isinstance<py::float_>(value)) return c10::Scalar(value.cast<double>());
+  throw Refused("a fill inside the wrapper with a value of type " +
+                py::str(value.get_type().attr("__name__")).cast<std::string>());
 }
 
 struct RandomState {
@@ -358,14 +368,25 @@ Outcome make_outcome(const c10::OperatorHandle& op, const py::object& recording,
     for (size_t i = 0; i < launches.size(); ++i) {
       plan->launches.push_back(plan_launch(launches[i], i, device, arguments, allocations, random_before));
     }
-    // (launches before it, destination, source) of each copy the wrapper made through ATen.
-    for (const py::handle c : recording.attr("copies")) {
-      const py::tuple t = c.cast<py::tuple>();
-      const auto before = t[0].cast<size_t>();
-      const at::Tensor& dst = THPVariable_Unpack(t[1].ptr());
-      const at::Tensor& src = THPVariable_Unpack(t[2].ptr());
-      plan->copies.push_back({before, plan_copy_side(dst, before, "destination", arguments, allocations),
-                              plan_copy_side(src, before, "source", arguments, allocations)});
+    // ("copy", launches before it, destination, source) or ("fill", launches before it, destination,
+    // value) of each copy or fill the wrapper made through ATen.
+    for (const py::handle step : recording.attr("steps")) {
+      const py::tuple t = step.cast<py::tuple>();
+      const bool copy = t[0].cast<std::string>() == "copy";
+      const auto before = t[1].cast<size_t>();
+      ops::replay::PlannedStep planned{
+          copy ? ops::replay::PlannedStep::kCopy : ops::replay::PlannedStep::kFill,
+          before,
+          plan_step_tensor(THPVariable_Unpack(t[2].ptr()), before, "destination", arguments, allocations),
+          {},
+          {}};
+      if (copy) {
+        planned.src =
+            plan_step_tensor(THPVariable_Unpack(t[3].ptr()), before, "source", arguments, allocations);
+      } else {
+        planned.value = fill_value(t[3]);
+      }
+      plan->steps.push_back(std::move(planned));
     }
     if (random_before) {
       bool seed = false, offset = false;

@@ -6,7 +6,8 @@ Replayable: ``add.Tensor`` (pointers, an fp32 alpha, an i32 size); ``mul.Tensor`
 operand read on the host: replayed when it is a CPU scalar, whose value is in the signature, refused when
 it is flagos memory); ``add_.Tensor`` (in place: the result is an argument); ``clamp`` (fp64, u32 and
 u64 arguments); ``lerp.Scalar`` (fp16, u1 and i16 arguments); ``leaky_relu`` (bf16, i1 and i64 arguments); ``cat``
-(copies made through ATen: a dtype conversion, a contiguous copy of a strided input); ``sum`` (a ``reshape`` that copies a strided input); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
+(copies made through ATen: a dtype conversion, a contiguous copy of a strided input); ``sum`` (a ``reshape`` that copies a strided input; fills made with ``full``, ``zero_``
+and, in ``cat``, ``zeros``); ``_softmax`` (two launches and a scratch buffer between them); ``fill_.Scalar`` (an fp32
 value); ``sub.Tensor`` (which "autotunes": its first call of a signature launches three candidate
 kernels, later calls one).
 
@@ -235,7 +236,7 @@ void sum_all_kernel(const ctx_t* c, const void* raw) {
   const P* p = (const P*)raw;
   float total = 0;
   for (int64_t i = 0; i < p->n; ++i) total += p->x[i];
-  *p->out = total;
+  *p->out += total;  /* accumulates into memory the wrapper filled */
 }
 """,
     ["x", "out", "n"],
@@ -322,7 +323,7 @@ def cat(tensors, dim=0):
     dim %= tensors[0].dim()
     shape = list(tensors[0].shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
-    out = torch.empty(shape, dtype=dtype, device=tensors[0].device)
+    out = torch.zeros(shape, dtype=dtype, device=tensors[0].device)
     post = 1
     for size in shape[dim + 1 :]:
         post *= size
@@ -336,9 +337,11 @@ def cat(tensors, dim=0):
 
 
 def sum_(x, *, dtype=None):
-    """Flattens with ``reshape`` (a copy when the input is strided) and reduces with one program."""
+    """Flattens with ``reshape`` (a copy when the input is strided) and reduces with one program into
+    memory made by ``full`` (zeroed again with ``zero_``)."""
     flat = x.reshape(-1)
-    out = torch.empty([], dtype=x.dtype, device=x.device)
+    out = torch.full([], 7.0, dtype=x.dtype, device=x.device)
+    out.zero_()
     _SUM_ALL[(1,)](flat, out, flat.numel())
     _wait_for_kernels()
     return out

@@ -109,9 +109,10 @@ def narrow_and_half_arguments():
         assert (c["signatures"], c["recorded"], c["replayed"]) == (2, 4, replayed), (op, c)
 
 
-def copies_inside_the_wrapper():
-    """Copies a wrapper makes through ATen (a dtype conversion, a contiguous copy, a reshape of a strided
-    input) are part of the plan: replayed with the native copy, the results still right."""
+def copies_and_fills_inside_the_wrapper():
+    """Copies and fills a wrapper makes through ATen (a dtype conversion, a contiguous copy, a reshape of a
+    strided input; zeros, full, zero_) are part of the plan: replayed with the native copy_ and fill_, the
+    results still right (the stand-in's sum accumulates into the memory it filled)."""
     fresh()
     with routing.override({"aten::cat": "flaggems", "aten::sum": "flaggems"}):
         for _ in range(4):
@@ -369,7 +370,7 @@ SCENARIOS = [
     replays_after_two_agreeing_recordings,
     every_argument_kind,
     narrow_and_half_arguments,
-    copies_inside_the_wrapper,
+    copies_and_fills_inside_the_wrapper,
     host_scalars_are_keyed_by_value,
     another_implementation_forgets_the_plans,
     signatures_apart,

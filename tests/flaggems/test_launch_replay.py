@@ -32,7 +32,7 @@ NAMES = [
     "replays_after_two_agreeing_recordings",
     "every_argument_kind",
     "narrow_and_half_arguments",
-    "copies_inside_the_wrapper",
+    "copies_and_fills_inside_the_wrapper",
     "host_scalars_are_keyed_by_value",
     "another_implementation_forgets_the_plans",
     "signatures_apart",

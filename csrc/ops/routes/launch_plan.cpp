@@ -192,13 +192,9 @@ std::string LaunchPlan::difference(const LaunchPlan& other) const {
   if (random != other.random || random_increment != other.random_increment) return "its Philox increment";
   if (launches.size() != other.launches.size()) return "the number of launches";
   if (outputs.size() != other.outputs.size()) return "the number of results";
-  if (copies.size() != other.copies.size()) return "the number of copies";
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const PlannedCopy& a = copies[i];
-    const PlannedCopy& b = other.copies[i];
-    if (a.before_launch != b.before_launch || !(a.dst == b.dst) || !(a.src == b.src)) {
-      return "copy " + std::to_string(i);
-    }
+  if (steps.size() != other.steps.size()) return "the number of copies and fills";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!(steps[i] == other.steps[i])) return "copy or fill " + std::to_string(i);
   }
   for (size_t i = 0; i < launches.size(); ++i) {
     const PlannedLaunch& a = launches[i];

@@ -12,10 +12,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/Scalar.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -86,12 +88,27 @@ struct PlannedTensor {
   }
 };
 
-// A copy the wrapper made through ATen (a contiguous copy of a strided input, a clone, a dtype conversion, a
-// copy_), before launch `before_launch`: a replay makes it with the native route's copy_.
-struct PlannedCopy {
+// Device work the wrapper did through ATen before launch `before_launch`, which a replay does again on the
+// native route: a copy (a contiguous copy of a strided input, a clone, a dtype conversion, a copy_: copy_
+// from `src`) or a fill (zeros, full, zero_, fill_: fill_ with `value`).
+struct PlannedStep {
+  enum Kind : uint8_t { kCopy, kFill } kind;
   size_t before_launch;
   PlannedTensor dst;
-  PlannedTensor src;
+  PlannedTensor src;  // kCopy
+  c10::Scalar value;  // kFill
+  bool operator==(const PlannedStep& o) const {
+    return kind == o.kind && before_launch == o.before_launch && dst == o.dst &&
+           (kind == kCopy ? src == o.src : same_value(o.value));
+  }
+  bool same_value(const c10::Scalar& o) const {
+    if (value.type() != o.type()) return false;
+    if (value.isFloatingPoint()) {
+      const double a = value.toDouble(), b = o.toDouble();
+      return std::memcmp(&a, &b, sizeof a) == 0;
+    }
+    return value.isBoolean() ? value.toBool() == o.toBool() : value.toLong() == o.toLong();
+  }
 };
 
 // A result of the call: one of its tensor arguments (in-place, out=), or a tensor over one of the
@@ -109,7 +126,7 @@ struct LaunchPlan {
   c10::DeviceIndex device = 0;
   std::vector<size_t> allocation_bytes;
   std::vector<PlannedLaunch> launches;
-  std::vector<PlannedCopy> copies;     // in order, each before the launch it names
+  std::vector<PlannedStep> steps;      // in order, each before the launch it names
   std::vector<PlannedOutput> outputs;  // one per schema return, in order
   bool random = false;                 // advances the generator by random_increment on each replay
   uint64_t random_increment = 0;

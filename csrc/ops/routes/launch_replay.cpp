@@ -116,9 +116,15 @@ const c10::OperatorHandle& copy_op() {
   return op;
 }
 
-// Whether a copy's tensor over an argument starts on an element boundary of its dtype for this call (the
+const c10::OperatorHandle& fill_op() {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::fill_", "Scalar");
+  return op;
+}
+
+// Whether a step's tensor over an argument starts on an element boundary of its dtype for this call (the
 // argument's own offset into its storage is not part of the signature).
-bool copy_fits(const PlannedTensor& t, const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
+bool step_fits(const PlannedTensor& t, const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
   if (t.source != PointerSource::kTensor) return true;
   const c10::TensorImpl* impl = tensors[t.index];
   const auto offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(impl->data()) -
@@ -131,9 +137,9 @@ bool copy_fits(const PlannedTensor& t, const c10::SmallVectorImpl<c10::TensorImp
 // why this call's values do not fit the plan (the call then takes the Python path).
 const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                      const c10::SmallVectorImpl<c10::TensorImpl*>& tensors) {
-  for (const PlannedCopy& copy : plan.copies) {
-    if (!copy_fits(copy.src, tensors) || !copy_fits(copy.dst, tensors)) {
-      return "an argument's offset into its storage does not fit a copy the plan makes";
+  for (const PlannedStep& step : plan.steps) {
+    if (!step_fits(step.dst, tensors) || (step.kind == PlannedStep::kCopy && !step_fits(step.src, tensors))) {
+      return "an argument's offset into its storage does not fit a copy or fill the plan makes";
     }
   }
   uint64_t seed = 0, offset = 0;
@@ -163,7 +169,7 @@ const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torc
     memory.push_back(allocator.allocate(bytes));
     base.push_back(reinterpret_cast<uintptr_t>(memory.back().get()));
   }
-  // The allocations that results or copies see as tensors, made storages when first needed.
+  // The allocations that results or steps see as tensors, made storages when first needed.
   c10::SmallVector<c10::Storage, 4> storages(memory.size());
   auto storage_of = [&](uint32_t j) -> const c10::Storage& {
     if (!storages[j]) {
@@ -189,18 +195,23 @@ const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torc
                                 offset_bytes / static_cast<int64_t>(c10::elementSize(t.dtype)));
     return at::Tensor(std::move(impl));
   };
-  size_t next_copy = 0;
-  auto copies_before = [&](size_t launch) {
-    for (; next_copy < plan.copies.size() && plan.copies[next_copy].before_launch <= launch; ++next_copy) {
-      const PlannedCopy& copy = plan.copies[next_copy];
-      torch::jit::Stack s{planned_tensor(copy.dst), planned_tensor(copy.src), false};
-      record_or_run_route(Backend::kNative, copy_op(), &s);
+  size_t next_step = 0;
+  auto steps_before = [&](size_t launch) {
+    for (; next_step < plan.steps.size() && plan.steps[next_step].before_launch <= launch; ++next_step) {
+      const PlannedStep& step = plan.steps[next_step];
+      if (step.kind == PlannedStep::kCopy) {
+        torch::jit::Stack s{planned_tensor(step.dst), planned_tensor(step.src), false};
+        record_or_run_route(Backend::kNative, copy_op(), &s);
+      } else {
+        torch::jit::Stack s{planned_tensor(step.dst), step.value};
+        record_or_run_route(Backend::kNative, fill_op(), &s);
+      }
     }
   };
   const c10::Stream stream = runtime::current_stream(plan.device);
   uint8_t buffer[512];
   for (size_t li = 0; li < plan.launches.size(); ++li) {
-    copies_before(li);
+    steps_before(li);
     const PlannedLaunch& launch = plan.launches[li];
     TORCH_INTERNAL_ASSERT(launch.params.size() <= sizeof buffer);
     std::memcpy(buffer, launch.params.data(), launch.params.size());
@@ -218,7 +229,7 @@ const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torc
     }
     runtime::launch_kernel(launch.function, launch.dims, buffer, launch.params.size(), stream);
   }
-  copies_before(plan.launches.size());
+  steps_before(plan.launches.size());
   const size_t num_args = op.schema().arguments().size();
   c10::SmallVector<c10::IValue, 2> results;
   for (const PlannedOutput& out : plan.outputs) {
