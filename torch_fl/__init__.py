@@ -6,7 +6,8 @@
 
 - ``torch.accelerator`` now answers ``flagos``, also on a CUDA machine, so argument-less
   ``pin_memory()`` and ``init_process_group()`` go to flagos (as they would for any PrivateUse1 plugin);
-  ``torch.distributed`` gets the c10d backend ``flagos`` for the device (``torch_fl.distributed``).
+  ``torch.distributed`` gets the c10d backend ``flagos`` for the device and ``flagos+gloo`` (flagos and
+  CPU tensors), the device's default backend (``torch_fl.distributed``).
 - On the simulated accelerator, the first use of the flagos device wraps torch's CPU allocator, so that
   host kernels running flagos operators allocate flagos memory. Other CPU allocations go to the original
   allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
