@@ -191,15 +191,21 @@ bool capture_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   recording->record(label, [op, replay_args = std::move(replay_args), fresh = std::move(fresh)]() {
     torch::jit::Stack s(replay_args.begin(), replay_args.end());
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &s);
+    // A result the call leaves undefined (an output_mask that masks it out, as the backward of
+    // native_layer_norm has when its input needs no gradient) is undefined at every replay: nothing to copy.
     for (size_t i = 0; i < fresh.size(); ++i) {
       if (fresh[i].isNone()) continue;
       if (fresh[i].isTensor()) {
-        fresh[i].toTensor().copy_(s[i].toTensor());
+        const at::Tensor& graph_result = fresh[i].toTensor();
+        if (graph_result.defined()) graph_result.copy_(s[i].toTensor());
         continue;
       }
       const auto graph_list = fresh[i].toTensorList();
       const auto run_list = s[i].toTensorList();
-      for (size_t j = 0; j < graph_list.size(); ++j) graph_list.get(j).copy_(run_list.get(j));
+      for (size_t j = 0; j < graph_list.size(); ++j) {
+        const at::Tensor graph_result = graph_list.get(j);
+        if (graph_result.defined()) graph_result.copy_(run_list.get(j));
+      }
     }
   });
 
