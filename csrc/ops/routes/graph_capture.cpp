@@ -97,12 +97,18 @@ std::optional<size_t> written_argument(const c10::FunctionSchema& schema, const 
 RecordedTensors::RecordedTensors(const Recording& recording) : recording_(recording) {}
 
 at::Tensor RecordedTensors::operator()(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kFlagos || !t.has_storage()) return t;
-  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  if (!t.defined() || !t.has_storage()) return t;
+  const c10::Storage& s = t.storage();
+  if (t.device().type() != kFlagos || s.data() == nullptr || !recording_.in_pool(s.data())) {
+    // Memory the graph keeps alive. A tensor with autograd state (a parameter, a view of one, which holds
+    // the parameter's gradient accumulator) is held as a plain tensor over the same storage, so that the
+    // recording does not keep the capture's autograd graph alive.
+    if (t.unsafeGetTensorImpl()->autograd_meta() == nullptr) return t;
+    return tensor_over(s, t.device().type(), t);
+  }
+  const c10::StorageImpl* key = s.unsafeGetStorageImpl();
   auto it = storages_.find(key);
   if (it == storages_.end()) {
-    const c10::Storage& s = t.storage();
-    if (s.data() == nullptr || !recording_.in_pool(s.data())) return t;
     c10::Storage view(c10::Storage::use_byte_size_t(), s.nbytes(),
                       c10::DataPtr(const_cast<void*>(s.data()), s.device()), /*allocator=*/nullptr,
                       /*resizable=*/false);
