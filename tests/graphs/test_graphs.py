@@ -1,6 +1,7 @@
 """Graphs on flagos (torch.flagos.FlagosGraph and friends): capture, replay, pools, random ops, the failure
-cases a capture must reject, make_graphed_callables, torch.accelerator.Graph (torch 2.13), and the Qwen3
-static-cache decoder. The same tests run on the simulated accelerator (CI) and backed by CUDA (GPU)."""
+cases a capture must reject, torch.accelerator.Graph (torch 2.13), and the Qwen3 static-cache decoder
+(make_graphed_callables: test_graphed_callables.py). The same tests run on the simulated accelerator (CI) and
+backed by CUDA (GPU)."""
 
 from __future__ import annotations
 
@@ -416,42 +417,6 @@ def test_debug_dump(tmp_path):
     path = tmp_path / "graph.txt"
     g.debug_dump(str(path))
     assert "aten::mul" in path.read_text()
-
-
-def test_make_graphed_callables_training_step_equals_eager():
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(DEV)
-    model.load_state_dict({k: v.to(DEV) for k, v in ref.state_dict().items()})
-    ref = ref.to(DEV)  # the eager reference on flagos itself
-    sample = torch.randn(4, 8, device=DEV, requires_grad=True)
-    graphed = torch.flagos.make_graphed_callables(model, (sample,))
-    opt_g = torch.optim.SGD(graphed.parameters(), lr=0.1)
-    opt_e = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for _ in range(3):
-        data = torch.randn(4, 8, device=DEV, requires_grad=True)
-        for net, opt in ((graphed, opt_g), (ref, opt_e)):
-            opt.zero_grad(set_to_none=True)
-            net(data).pow(2).sum().backward()
-            opt.step()
-    for (name, p), q in zip(graphed.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.cpu(), q.cpu(), msg=name)
-
-
-def test_make_graphed_callables_function_with_input_grads():
-    w = torch.randn(5, 5, device=DEV, requires_grad=True)
-
-    def f(a):
-        return (a @ w).tanh()
-
-    sample = torch.randn(3, 5, device=DEV, requires_grad=True)
-    gf = torch.flagos.make_graphed_callables(f, (sample,))
-    a = torch.randn(3, 5, device=DEV, requires_grad=True)
-    gf(a).sum().backward()
-    a2 = a.detach().clone().requires_grad_()
-    w.grad = None
-    f(a2).sum().backward()
-    torch.testing.assert_close(a.grad.cpu(), a2.grad.cpu())
 
 
 @pytest.mark.skipif(

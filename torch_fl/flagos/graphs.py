@@ -171,8 +171,15 @@ def make_graphed_callables(
     As ``torch.cuda.make_graphed_callables``: each callable's forward pass is captured in one graph and its
     backward pass in another; the returned callables run them through autograd. ``sample_args`` gives one
     tuple of flagos tensors per callable; the graphed callables must then be called with arguments of the
-    same shapes, dtypes and ``requires_grad``. Modules keep their eager forward when their ``training``
-    state differs from the one at capture.
+    same shapes, dtypes and ``requires_grad`` (a mismatch raises). Modules keep their eager forward when their
+    ``training`` state differs from the one at capture.
+
+    The gradients the backward pass hands to autograd are copies of the backward graph's static gradients,
+    so that ``.grad`` accumulates as in eager mode (over micro-batches, or after ``zero_grad(set_to_none=
+    False)``) and a gradient kept from one step is not overwritten by the next replay. The outputs are the
+    forward graph's memory, which the next call overwrites; each forward must be followed by its backward
+    before the callable runs forward again (its saved activations are the graph's too), else the backward
+    raises.
     """
     if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
         raise RuntimeError(
@@ -260,29 +267,54 @@ def make_graphed_callables(
         static_grad_inputs[i] = tuple(next(it) if g else None for g in needs_grad[i])
         static_grad_outputs[i] = grad_outs
 
+    # The captures' autograd graphs are not needed past the backward capture: keep the outputs' memory only.
+    # (Kept, they would hold on to the parameters' AccumulateGrad nodes made on the capture stream, which
+    # autograd would then reuse for every training step, with a synchronisation of the two streams.)
+    static_outputs = [
+        tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs) for outs in static_outputs
+    ]
+
     def make_function(i: int) -> Callable:
         fwd, bwd = fwd_graphs[i], bwd_graphs[i]
-        n_user = len(flat_samples[i])
+        samples = flat_samples[i]
+        forward_replays = 0  # of fwd: a backward must follow the forward whose activations the graph holds
 
         class Graphed(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *inputs):
-                for static, given in zip(static_inputs[i][:n_user], inputs[:n_user], strict=True):
+                nonlocal forward_replays
+                for static, given in zip(
+                    static_inputs[i][: len(samples)], inputs[: len(samples)], strict=True
+                ):
                     if static.data_ptr() != given.data_ptr():
                         static.copy_(given)
                 fwd.replay()
+                forward_replays += 1
+                ctx.forward_replay = forward_replays
                 return tuple(o.detach() for o in static_outputs[i])
 
             @staticmethod
+            @torch.autograd.function.once_differentiable
             def backward(ctx, *grads):
+                if ctx.forward_replay != forward_replays:
+                    raise RuntimeError(
+                        "make_graphed_callables: the graphed callable ran forward again before this backward; "
+                        "its saved activations are the graph's memory, which that forward overwrote. Run each "
+                        "forward's backward before the next forward."
+                    )
                 for static, given in zip(static_grad_outputs[i], grads, strict=True):
                     if static is not None and given is not None and static.data_ptr() != given.data_ptr():
                         static.copy_(given)
                 bwd.replay()
-                return tuple(g.detach() if g is not None else None for g in static_grad_inputs[i])
+                # Copies, not the static gradients themselves: autograd makes a gradient it holds the only
+                # reference to a leaf's .grad (a detached static gradient would be one), and adds into a
+                # .grad in place, so the next replay would overwrite .grad, and a .grad aliasing the static
+                # gradient would be doubled by its own accumulation.
+                return tuple(g.clone() if g is not None else None for g in static_grad_inputs[i])
 
         def functionalized(*user_args):
             flat, _ = tree_flatten(user_args)
+            _check_graphed_arguments(flat, samples)
             out = Graphed.apply(*(tuple(flat) + params[i]))
             return tree_unflatten(list(out), output_specs[i])
 
@@ -306,3 +338,25 @@ def make_graphed_callables(
         else:
             results.append(graphed)
     return results[0] if just_one else tuple(results)
+
+
+def _check_graphed_arguments(given: list, samples: tuple) -> None:
+    """The arguments of a graphed callable against its sample arguments: a graph reads them by copying them
+    into the samples' memory, which would broadcast or convert what does not match."""
+    if len(given) != len(samples):
+        raise TypeError(
+            f"make_graphed_callables: the graphed callable takes {len(samples)} tensors, got {len(given)}"
+        )
+    for k, (arg, sample) in enumerate(zip(given, samples, strict=True)):
+        if not isinstance(arg, torch.Tensor):
+            raise TypeError(f"make_graphed_callables: argument {k} is a {type(arg).__name__}, not a tensor")
+        if arg.shape != sample.shape or arg.dtype != sample.dtype:
+            raise ValueError(
+                f"make_graphed_callables: argument {k} is {tuple(arg.shape)} {arg.dtype}; the graph was "
+                f"captured for {tuple(sample.shape)} {sample.dtype}"
+            )
+        if arg.requires_grad and not sample.requires_grad:
+            raise ValueError(
+                f"make_graphed_callables: argument {k} requires grad, but its sample did not: the backward graph "
+                "computes no gradient for it. Capture with a sample that requires grad."
+            )

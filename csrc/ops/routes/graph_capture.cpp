@@ -97,12 +97,18 @@ std::optional<size_t> written_argument(const c10::FunctionSchema& schema, const 
 RecordedTensors::RecordedTensors(const Recording& recording) : recording_(recording) {}
 
 at::Tensor RecordedTensors::operator()(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kFlagos || !t.has_storage()) return t;
-  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  if (!t.defined() || !t.has_storage()) return t;
+  const c10::Storage& s = t.storage();
+  if (t.device().type() != kFlagos || s.data() == nullptr || !recording_.in_pool(s.data())) {
+    // Memory the graph keeps alive. A tensor with autograd state (a parameter, a view of one, which holds
+    // the parameter's gradient accumulator) is held as a plain tensor over the same storage, so that the
+    // recording does not keep the capture's autograd graph alive.
+    if (t.unsafeGetTensorImpl()->autograd_meta() == nullptr) return t;
+    return tensor_over(s, t.device().type(), t);
+  }
+  const c10::StorageImpl* key = s.unsafeGetStorageImpl();
   auto it = storages_.find(key);
   if (it == storages_.end()) {
-    const c10::Storage& s = t.storage();
-    if (s.data() == nullptr || !recording_.in_pool(s.data())) return t;
     c10::Storage view(c10::Storage::use_byte_size_t(), s.nbytes(),
                       c10::DataPtr(const_cast<void*>(s.data()), s.device()), /*allocator=*/nullptr,
                       /*resizable=*/false);
@@ -191,15 +197,21 @@ bool capture_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   recording->record(label, [op, replay_args = std::move(replay_args), fresh = std::move(fresh)]() {
     torch::jit::Stack s(replay_args.begin(), replay_args.end());
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &s);
+    // A result the call leaves undefined (an output_mask that masks it out, as the backward of
+    // native_layer_norm has when its input needs no gradient) is undefined at every replay: nothing to copy.
     for (size_t i = 0; i < fresh.size(); ++i) {
       if (fresh[i].isNone()) continue;
       if (fresh[i].isTensor()) {
-        fresh[i].toTensor().copy_(s[i].toTensor());
+        const at::Tensor& graph_result = fresh[i].toTensor();
+        if (graph_result.defined()) graph_result.copy_(s[i].toTensor());
         continue;
       }
       const auto graph_list = fresh[i].toTensorList();
       const auto run_list = s[i].toTensorList();
-      for (size_t j = 0; j < graph_list.size(); ++j) graph_list.get(j).copy_(run_list.get(j));
+      for (size_t j = 0; j < graph_list.size(); ++j) {
+        const at::Tensor graph_result = graph_list.get(j);
+        if (graph_result.defined()) graph_result.copy_(run_list.get(j));
+      }
     }
   });
 

@@ -22,8 +22,8 @@ namespace flagos::ops {
 // The form a capture records a tensor in: the graph's pool memory viewed without a reference (the pool
 // keeps it until the graph is reset, and a tensor the user frees during or after the capture returns its
 // block to the pool, as on CUDA); other memory (inputs allocated before the capture, pinned host buffers)
-// referenced, so that replay never reads memory the allocator has given back. One object per recorded
-// call: views of one storage share one storage.
+// referenced, so that replay never reads memory the allocator has given back, by tensors without the
+// caller's autograd state. One object per recorded call: views of one storage share one storage.
 class RecordedTensors {
  public:
   explicit RecordedTensors(const runtime::capture::Recording& recording);
