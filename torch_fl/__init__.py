@@ -12,6 +12,8 @@
   allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
 - A CUDA backward pass fails in a process that imported torch_fl when flagos is backed by CUDA
   (pytorch/pytorch#161129, docs/design.md); flagos training is unaffected.
+- ``torch.flagos`` has the legacy typed storage classes (``torch.flagos.FloatStorage``, ...) that
+  ``Tensor.storage_type()`` returns, entered in ``torch._storage_classes`` as torch.cuda enters its own.
 - The first ``torch.compile`` registers flagos with Dynamo and Inductor (torch_fl/_compile); backed by
   CUDA, flagos is then Inductor's one GPU type in the process (docs/compile.md).
 """
