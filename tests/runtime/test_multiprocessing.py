@@ -143,6 +143,7 @@ def test_simulated_accelerator_sends_a_copy(sharing_strategy):
 def write_then_report(inbox, outbox):
     received = inbox.get(timeout=TIMEOUT_S)
     received.add_(100)
+    torch.accelerator.synchronize()
     outbox.put("written")
     inbox.get(timeout=TIMEOUT_S)  # keeps the received tensor alive until the sender has looked
 
@@ -215,6 +216,9 @@ def test_dataloader_workers_make_flagos_tensors():
     loader = DataLoader(
         FlagosSquares(), batch_size=3, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT_S
     )
-    batches = list(loader)
-    assert all(batch.device.type == DEVICE for batch in batches)
-    assert torch.equal(torch.cat(batches).cpu().flatten(), torch.arange(12.0) ** 2)
+    devices, values = [], []
+    for batch in loader:  # read while the workers live (backed by CUDA, their memory is the batches')
+        devices.append(batch.device.type)
+        values.append(batch.cpu())
+    assert devices == [DEVICE] * 4
+    assert torch.equal(torch.cat(values).flatten(), torch.arange(12.0) ** 2)
