@@ -13,6 +13,11 @@
   allocator unchanged; a process that never uses flagos keeps torch's CPU allocator as it is.
 - A CUDA backward pass fails in a process that imported torch_fl when flagos is backed by CUDA
   (pytorch/pytorch#161129, docs/design.md); flagos training is unaffected.
+- ``torch.flagos`` has the legacy typed storage classes (``torch.flagos.FloatStorage``, ...) that
+  ``Tensor.storage_type()`` returns, entered in ``torch._storage_classes`` as torch.cuda enters its own.
+- multiprocessing's ``ForkingPickler`` gets a reducer for ``torch.UntypedStorage`` that sends flagos
+  storages (shared through CUDA IPC when backed by CUDA, copied on the simulated accelerator) and hands
+  every other storage to torch's reducer (torch_fl/_multiprocessing.py).
 - The first ``torch.compile`` registers flagos with Dynamo and Inductor (torch_fl/_compile); backed by
   CUDA, flagos is then Inductor's one GPU type in the process (docs/compile.md).
 """
@@ -64,8 +69,11 @@ _compile.register_if_loaded()
 
 # routing validates FLAGOS_BACKEND_CONFIG and FLAGOS_OP_* now (a typo fails here, naming the file or
 # variable); distributed registers the flagos c10d backend (torch.distributed is loaded by `import torch`
-# already: this costs a few dictionary entries).
-from torch_fl import distributed, routing  # noqa: E402
+# already: this costs a few dictionary entries); _multiprocessing's reducer lets torch.multiprocessing
+# queues, pipes and DataLoader workers send flagos tensors.
+from torch_fl import _multiprocessing, distributed, routing  # noqa: E402
+
+_multiprocessing.register()
 
 
 def build_info() -> dict:

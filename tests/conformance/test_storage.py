@@ -10,6 +10,7 @@ import io
 import pickle
 import warnings
 
+import pytest
 import torch
 
 DEVICE = "flagos"
@@ -93,6 +94,90 @@ def test_rewrapped_pinned_storage_is_pinned():
     assert rewrapped.is_pinned()
     assert rewrapped.data_ptr() == pinned.data_ptr() + 8
     assert torch.equal(rewrapped, pinned[2:7])
+
+
+# --- typed storages (the legacy classes, as torch.cuda has them) ------------------------------------------
+
+# The dtypes torch.cuda has legacy storage classes for, with their names.
+LEGACY_STORAGE_NAMES = {
+    torch.double: "DoubleStorage",
+    torch.float: "FloatStorage",
+    torch.half: "HalfStorage",
+    torch.long: "LongStorage",
+    torch.int: "IntStorage",
+    torch.int16: "ShortStorage",
+    torch.int8: "CharStorage",
+    torch.uint8: "ByteStorage",
+    torch.bool: "BoolStorage",
+    torch.bfloat16: "BFloat16Storage",
+    torch.cdouble: "ComplexDoubleStorage",
+    torch.cfloat: "ComplexFloatStorage",
+}
+
+
+@pytest.fixture
+def typed_storage_warnings_off():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated
+        yield
+
+
+@pytest.mark.parametrize("dtype", list(LEGACY_STORAGE_NAMES), ids=str)
+def test_storage_type_is_the_device_modules_class(dtype, typed_storage_warnings_off):
+    x = torch.ones(5, dtype=dtype, device=DEVICE)
+    storage_type = x.storage_type()
+    assert storage_type is getattr(torch.get_device_module(DEVICE), LEGACY_STORAGE_NAMES[dtype])
+    assert storage_type.__module__ == f"torch.{DEVICE}" and storage_type.dtype == dtype
+    assert isinstance(x.storage(), storage_type)
+    assert not isinstance(x.cpu().storage(), storage_type)
+    assert not isinstance(x.storage(), getattr(torch, LEGACY_STORAGE_NAMES[dtype]))  # the CPU class
+    assert x.storage().type() == f"torch.{DEVICE}.{LEGACY_STORAGE_NAMES[dtype]}"
+
+
+def test_legacy_classes_make_device_storages(two_devices, typed_storage_warnings_off):
+    FloatStorage = torch.get_device_module(DEVICE).FloatStorage
+    empty = FloatStorage(4)
+    assert empty.device == torch.device(DEVICE, 0) and empty.dtype == torch.float and empty.size() == 4
+    assert FloatStorage([1.5, 2.5]).tolist() == [1.5, 2.5] and FloatStorage([1.5]).device.type == DEVICE
+    on_1 = torch.arange(3.0, device=f"{DEVICE}:1").untyped_storage()
+    wrapped = FloatStorage(wrap_storage=on_1)
+    assert wrapped.device.index == 1 and wrapped.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match=f"Device of 'wrap_storage' must be {DEVICE}"):
+        FloatStorage(wrap_storage=torch.arange(3.0).untyped_storage())
+    with pytest.raises(RuntimeError, match="from_buffer: Not available"):
+        FloatStorage.from_buffer(b"\0" * 8)
+
+
+def test_typed_storage_round_trips(typed_storage_warnings_off):
+    x = torch.arange(12, dtype=torch.float64, device=DEVICE).reshape(3, 4)
+    storage = x.storage()
+    assert storage.device == x.device and storage.size() == 12 and storage.data_ptr() == x.data_ptr()
+    rebuilt = torch.tensor((), dtype=x.dtype, device=DEVICE).set_(storage).view(3, 4)
+    assert rebuilt.data_ptr() == x.data_ptr() and torch.equal(rebuilt.cpu(), x.cpu())
+    assert torch.equal(torch.tensor(storage, dtype=x.dtype, device=DEVICE).cpu(), x.flatten().cpu())
+    host = storage.cpu()
+    assert (
+        host.device.type == "cpu"
+        and host.type() == "torch.DoubleStorage"
+        and host.tolist() == storage.tolist()
+    )
+    back = to_device(host)
+    assert back.device.type == DEVICE and back.dtype == torch.float64 and back.tolist() == host.tolist()
+    assert isinstance(back, x.storage_type())
+
+
+def test_typed_storage_pickles(two_devices, typed_storage_warnings_off):
+    storage = torch.arange(5, dtype=torch.int32, device=f"{DEVICE}:1").storage()
+    for copied in (
+        pickle.loads(pickle.dumps(storage)),
+        copy.deepcopy(storage),
+        save_load(storage, weights_only=True),
+    ):
+        assert copied.device == storage.device and copied.dtype == torch.int32
+        assert copied.tolist() == [0, 1, 2, 3, 4] and copied.data_ptr() != storage.data_ptr()
+        assert isinstance(copied, storage._get_legacy_storage_class())
+    legacy_class = storage._get_legacy_storage_class()
+    assert pickle.loads(pickle.dumps(legacy_class)) is legacy_class  # the class pickles by name
 
 
 # --- serialization ----------------------------------------------------------------------------------------

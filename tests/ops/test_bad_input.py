@@ -163,6 +163,57 @@ def test_cpu_and_flagos_set_mix():
         y.set_(torch.empty(4))
 
 
+# --- indexing with tensors of two devices (torch's rules for a device, as on cuda) -------------------------
+
+
+def test_index_with_indices_on_another_device_is_refused(two_devices_only):
+    """As PyTorch's test_advancedindex_mixed_devices_error: only cpu or self's device may hold indices."""
+    host = torch.randn(3, 4, 4, 4, 3)
+    cpu_index = torch.tensor([0, 2, 1])
+    for x, ia, ib in (
+        (host, cpu_index.to("flagos"), cpu_index.to("flagos")),  # a cpu tensor, flagos indices
+        (host, cpu_index, cpu_index.to("flagos")),  # a cpu tensor, cpu and flagos indices
+        (host.to("flagos:0"), cpu_index, cpu_index.to("flagos:1")),  # flagos, cpu and another device's
+    ):
+        message = (
+            rf"indices should be either on cpu or on the same device as the indexed tensor \({x.device}\)"
+        )
+        with pytest.raises(RuntimeError, match=message):
+            x[:, ia, None, ib, 0]
+        with pytest.raises(RuntimeError, match=message):
+            x[ib]
+
+
+def test_index_with_cpu_indices_works():
+    """As PyTorch's test_advancedindex_mixed_cpu_devices: cpu indices (with or without flagos ones) index a
+    flagos tensor, in reads and writes."""
+    x = torch.randn(3, 4, 4, 4, 3)
+    ia = torch.tensor([0, 2, 1])
+    for ib in (ia, ia.to("flagos")):
+        assert torch.equal(x.to("flagos")[:, ia, None, ib, 0].cpu(), x[:, ia, None, ib.cpu(), 0])
+        assert torch.equal(x.to("flagos")[ia].cpu(), x[ia])
+        written, expected = x.to("flagos"), x.clone()
+        values = torch.randn(expected[:, ia, None, ib.cpu(), 0].shape)
+        written[:, ia, None, ib, 0] = values.to("flagos")
+        expected[:, ia, None, ib.cpu(), 0] = values
+        assert torch.equal(written.cpu(), expected)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_with_values_on_another_device_is_refused(accumulate):
+    """As PyTorch's test_invalid_device (a cuda-only test there): index_put_ takes cpu indices, but its values
+    must be on the tensor's device unless they are one 0-dim element."""
+    b = torch.zeros(5, device="flagos")
+    index = torch.tensor([0, 1])
+    with pytest.raises(RuntimeError, match="device"):
+        torch.index_put_(b, (index,), torch.tensor([1.0, 2.0]), accumulate=accumulate)
+    assert torch.equal(b.cpu(), torch.zeros(5))
+    torch.index_put_(b, (index,), torch.tensor(3.0), accumulate=accumulate)  # a cpu scalar: moved
+    torch.index_put_(b, (index,), torch.tensor([1.0, 2.0], device="flagos"), accumulate=accumulate)
+    expected = [4.0, 5.0] if accumulate else [1.0, 2.0]
+    assert b.cpu().tolist() == expected + [0.0, 0.0, 0.0]
+
+
 # --- broken configuration (each in its own process: the variables are read once) ------------------------
 
 CONFIG_SCRIPT = """

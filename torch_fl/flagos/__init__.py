@@ -13,6 +13,20 @@ import torch
 from torch_fl import _C
 
 from . import memory
+from ._storage import (
+    BFloat16Storage,
+    BoolStorage,
+    ByteStorage,
+    CharStorage,
+    ComplexDoubleStorage,
+    ComplexFloatStorage,
+    DoubleStorage,
+    FloatStorage,
+    HalfStorage,
+    IntStorage,
+    LongStorage,
+    ShortStorage,
+)
 from ._utils import _device_index, _lazy_init, current_device
 from .graphs import (
     FlagosGraph,
@@ -298,6 +312,18 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "BFloat16Storage",
+    "BoolStorage",
+    "ByteStorage",
+    "CharStorage",
+    "ComplexDoubleStorage",
+    "ComplexFloatStorage",
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "IntStorage",
+    "LongStorage",
+    "ShortStorage",
     "FlagosGraph",
     "Graph",
     "graph",

@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ops/routes/device_checks.h"
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/launch_replay.h"
 #include "ops/routes/native_boxed.h"
@@ -194,6 +195,7 @@ void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::
 }
 
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_argument_devices(op, *stack);
   record_or_run_route(route_for(op), op, stack);
 }
 
