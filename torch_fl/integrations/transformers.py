@@ -26,11 +26,23 @@ from datetime import timedelta
 from functools import cached_property
 
 import torch
+import transformers
 from accelerate.state import AcceleratorState
 from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 
 from torch_fl.integrations.accelerate import DEFAULT_BACKEND, flagos_state
+
+TESTED_VERSION = "5.17.0"
+
+# The one part of TrainingArguments this subclass replaces: where every other property (n_gpu,
+# parallel_mode, world_size, process_index) gets the device and accelerate's state from. A transformers
+# without it would silently keep its own device choice.
+if not isinstance(TrainingArguments.__dict__.get("_setup_devices"), cached_property):
+    raise ImportError(
+        f"transformers {transformers.__version__} has no TrainingArguments._setup_devices, where "
+        f"FlagosTrainingArguments chooses the device (tested with transformers {TESTED_VERSION})"
+    )
 
 
 @dataclass
