@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -43,37 +44,39 @@ def _launcher_command(launcher: str, processes: int) -> list[str]:
 def _launch_training(
     launcher: str, library: str, arguments: dict, processes: int = 2, env: dict | None = None
 ) -> list[dict]:
-    """Every rank's RESULT, by rank. The launcher runs in a session of its own: when it outlives the
+    """Every rank's result, by rank. The launcher runs in a session of its own: when it outlives the
     timeout, it is asked to stop (SIGTERM: torchrun then stops its workers, which run in sessions of their
     own), then killed with everything left in its session."""
-    child_env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("FLAGOS_", "ACCELERATE_"))
-    }
-    child_env.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
-    command = [*_launcher_command(launcher, processes), library, json.dumps(arguments)]
-    proc = subprocess.Popen(
-        command, env=python_env(child_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, cwd=HERE,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="flagos_ecosystem_") as results:
+        child_env = {
+            key: value for key, value in os.environ.items() if not key.startswith(("FLAGOS_", "ACCELERATE_"))
+        }
+        child_env.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
+        child_env.update({"ECOSYSTEM_TRAINING_RESULTS": results, "HF_HOME": os.path.join(results, "hf")})
+        command = [*_launcher_command(launcher, processes), library, json.dumps(arguments)]
+        proc = subprocess.Popen(
+            command, env=python_env(child_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, cwd=HERE,
+        )  # fmt: skip
         try:
-            stdout, stderr = proc.communicate(timeout=20)
+            output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"{launcher} did not finish within {LAUNCH_TIMEOUT_S} s\n{stdout[-3000:]}\n{stderr[-6000:]}"
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                output, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+            pytest.fail(f"{launcher} did not finish within {LAUNCH_TIMEOUT_S} s\n{output[-8000:]}")
+        files = sorted(name for name in os.listdir(results) if name.endswith(".json"))
+        assert proc.returncode == 0 and len(files) == processes, (
+            f"{launcher}: exit code {proc.returncode}, results {files}\n{output[-8000:]}"
         )
-    results = [
-        json.loads(line[len("RESULT ") :]) for line in stdout.splitlines() if line.startswith("RESULT ")
-    ]
-    assert proc.returncode == 0 and len(results) == processes, (
-        f"{launcher}: exit code {proc.returncode}, {len(results)} results\n{stdout[-3000:]}\n{stderr[-6000:]}"
-    )
-    return sorted(results, key=lambda result: result["rank"])
+        ranks = []
+        for name in files:
+            with open(os.path.join(results, name)) as file:
+                ranks.append(json.load(file))
+    return sorted(ranks, key=lambda result: result["rank"])
 
 
 def _train_on_cuda_in_a_clean_process(function: str, env: dict | None = None, **kwargs) -> dict:

@@ -5,7 +5,8 @@ Each ``*_training`` function trains the same seeded model on the same data and r
 compare: the loss of every step, where the parameters were, the dtype of the model's output (autocast) and
 the trained parameters as one flat list. Run as a script (``python ecosystem_training.py <library>
 '<json of the function's arguments>'``) it trains under a launcher (Lightning's own for ``ddp_flagos``,
-``torchrun``, ``accelerate launch``) and prints its rank's ``RESULT <json>``.
+``torchrun``, ``accelerate launch``) and writes its rank's result as JSON, to ``rank<N>.json`` in the
+folder ``ECOSYSTEM_TRAINING_RESULTS`` names (else to stdout, as ``RESULT <json>``).
 
 One process with a batch of B * W samples takes, step by step, the samples that W processes with B each
 take together, so that its training is theirs up to rounding: accelerate and the Trainer (sequential
@@ -23,6 +24,7 @@ import torch
 
 from harness.processes import let_autograd_threads_finish
 
+RESULTS_ENV = "ECOSYSTEM_TRAINING_RESULTS"
 FEATURES, HIDDEN, SAMPLES = 8, 16, 64
 LEARNING_RATE = 0.1
 SEED = 0
@@ -242,7 +244,13 @@ TRAININGS = {
 def main() -> None:
     library, arguments = sys.argv[1], json.loads(sys.argv[2])
     result = TRAININGS[library](**arguments)
-    print("RESULT " + json.dumps({"rank": _rank(), **result}), flush=True)
+    result = {"rank": _rank(), **result}
+    folder = os.environ.get(RESULTS_ENV)
+    if folder:  # a file per rank: lines the ranks print to one pipe can interleave
+        with open(os.path.join(folder, f"rank{result['rank']}.json"), "w") as file:
+            json.dump(result, file)
+    else:
+        print("RESULT " + json.dumps(result), flush=True)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     let_autograd_threads_finish()
