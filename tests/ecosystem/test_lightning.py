@@ -40,6 +40,23 @@ def test_names_are_in_lightnings_registries():
     assert StrategyRegistry["ddp_spawn_flagos"]["init_params"] == {"start_method": "spawn"}
 
 
+@pytest.mark.parametrize(
+    ("devices", "indices"), [(1, [0]), (2, [0, 1]), (-1, [0, 1]), ("2", [0, 1]), ("1,", [1]), ([1], [1])]
+)
+def test_devices_are_read_as_for_gpus(two_devices_only, devices, indices):
+    from torch_fl.integrations.lightning import FlagosAccelerator
+
+    assert FlagosAccelerator.parse_devices(devices) == indices
+
+
+@pytest.mark.parametrize("devices", [3, 0, [0, 0], [2], "two"])
+def test_devices_that_do_not_exist_are_refused(two_devices_only, devices):
+    from torch_fl.integrations.lightning import FlagosAccelerator
+
+    with pytest.raises(MisconfigurationException, match="flagos device"):
+        FlagosAccelerator.parse_devices(devices)
+
+
 def test_one_device_bf16_mixed_trains_on_flagos_as_on_the_cpu():
     flagos = train(accelerator="flagos", strategy="single_flagos")
     cpu = train(accelerator="cpu", strategy="auto")
