@@ -35,7 +35,14 @@ if ! "$PYTHON" -c "import sys, transformers; sys.exit(int(transformers.__version
 fi
 if ! "$PYTHON" -c "import accelerate" 2>/dev/null; then
   { "$PYTHON" -m pip install -q psutil && "$PYTHON" -m pip install -q --no-deps accelerate==1.15.0; } \
-    || echo "[torch_fl] accelerate could not be installed: the device_map test will be skipped"
+    || echo "[torch_fl] accelerate could not be installed: the device_map and accelerate tests will be skipped"
+fi
+# Lightning for tests/ecosystem, the same way (its requirements and torchmetrics' list torch). Its
+# requirement on pytorch-lightning (the same code under another name) is not needed by `lightning`.
+if ! "$PYTHON" -c "import lightning" 2>/dev/null; then
+  { "$PYTHON" -m pip install -q "fsspec>=2022.5.0" "typing-extensions>4.5.0" "packaging>=23.0" "tqdm>=4.57.0" \
+      && "$PYTHON" -m pip install -q --no-deps lightning==2.6.6 lightning-utilities==0.15.3 torchmetrics==1.9.0; } \
+    || echo "[torch_fl] Lightning could not be installed: the Lightning tests will be skipped"
 fi
 if ! command -v cmake >/dev/null 2>&1; then "$PYTHON" -m pip install -q cmake; fi
 
