@@ -144,6 +144,14 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.recording.refusal is None:
+            try:
+                self._classify(func, args, kwargs, out)
+            except Exception as exc:  # noqa: BLE001  (watching must never fail the wrapper's call)
+                self.recording.refuse(f"runs {func._schema.name}, which the recorder cannot classify ({exc})")
+        return out
+
+    def _classify(self, func, args, kwargs, out) -> None:
         name = f"{func._schema.name.partition('::')[2]}.{func._overloadname}"
         if name in _ALLOCATIONS:
             if isinstance(out, torch.Tensor) and out.device.type != "meta":
@@ -183,7 +191,6 @@ class _Watch(TorchDispatchMode):
                 self._copy(func, out, src)
         elif not _is_view(func):
             self.recording.refuse(f"runs {func._schema.name} inside the wrapper")
-        return out
 
     def _copy(self, func, dst, src) -> None:
         """Records `dst`'s values copied from `src` (the native route's ``copy_`` makes them again on

@@ -225,6 +225,28 @@ def refusals_by_reason():
         assert c["replayed"] == 0 and c["python"] > 0, (op, c)
 
 
+def a_recorder_that_cannot_classify_refuses():
+    """An ATen call the recorder fails to classify (here: the view check raises) refuses the signature; the
+    wrapper's call itself still returns its result."""
+    import torch_fl._launch_recorder as recorder
+
+    fresh()
+
+    def broken(out, args):
+        raise RuntimeError("no storage to compare")
+
+    saved, recorder._shares_memory = recorder._shares_memory, broken
+    try:
+        with routing.override({"aten::cat": "flaggems"}):
+            m = rand(4, 6)
+            for _ in range(3):
+                close(torch.cat([m, m[:, :3]], dim=1), torch.cat([m.cpu(), m.cpu()[:, :3]], dim=1))
+    finally:
+        recorder._shares_memory = saved
+    refused = routing.replay_counts()["refused"]
+    assert any("which the recorder cannot classify (no storage to compare)" in r for r in refused), refused
+
+
 def switched_off():
     fresh()
     routing.set_replay(False)
@@ -376,6 +398,7 @@ SCENARIOS = [
     signatures_apart,
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,
+    a_recorder_that_cannot_classify_refuses,
     switched_off,
     bounded_cache,
     threads_share_plans,

@@ -38,6 +38,7 @@ NAMES = [
     "signatures_apart",
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",
+    "a_recorder_that_cannot_classify_refuses",
     "switched_off",
     "bounded_cache",
     "threads_share_plans",
