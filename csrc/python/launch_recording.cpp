@@ -447,6 +447,10 @@ void run_recorded_python_route(const c10::OperatorHandle& op, torch::jit::Stack*
         try {
           call_python_impl(op, s);
         } catch (...) {
+          // An exception torch raised from Python code it called (the recorder's dispatch mode runs the
+          // wrapper's ATen calls) may still be pending in the interpreter: set aside while the recording
+          // ends, it stays the one the caller sees.
+          py::error_scope pending;
           recorder().attr("end")(token);
           throw;
         }

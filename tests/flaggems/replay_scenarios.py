@@ -247,6 +247,23 @@ def a_recorder_that_cannot_classify_refuses():
     assert any("which the recorder cannot classify (no storage to compare)" in r for r in refused), refused
 
 
+def an_error_inside_a_recording_keeps_its_message():
+    """An exception raised while a call records, from an ATen call the route itself makes under the
+    recorder's dispatch mode, reaches the caller with its message. Here: add.out is served by an adapter of
+    the stand-in's add, whose result is flagos memory, while the simulated accelerator hands the Python
+    path host aliases, so the route's copy into out fails."""
+    fresh()
+    with routing.override({"aten::add.out": "flaggems"}):
+        x, y = rand(10), rand(10)
+        out = torch.empty(10, device=DEV)
+        try:
+            torch.add(x, y, out=out)
+        except RuntimeError as exc:
+            assert "flagos_memcpy_async" in str(exc), exc
+        else:
+            raise AssertionError("the copy into out was expected to fail on the simulated accelerator")
+
+
 def switched_off():
     fresh()
     routing.set_replay(False)
@@ -399,6 +416,7 @@ SCENARIOS = [
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,
     a_recorder_that_cannot_classify_refuses,
+    an_error_inside_a_recording_keeps_its_message,
     switched_off,
     bounded_cache,
     threads_share_plans,

@@ -39,6 +39,7 @@ NAMES = [
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",
     "a_recorder_that_cannot_classify_refuses",
+    "an_error_inside_a_recording_keeps_its_message",
     "switched_off",
     "bounded_cache",
     "threads_share_plans",
