@@ -53,6 +53,16 @@ def test_another_device_in_the_environment_is_refused(fresh_accelerate_state, mo
         flagos_state()
 
 
+def test_more_local_ranks_than_devices_is_refused(fresh_accelerate_state, monkeypatch):
+    count = torch.flagos.device_count()
+    monkeypatch.setenv("LOCAL_RANK", str(count))
+    with pytest.raises(
+        RuntimeError, match=rf"LOCAL_RANK={count}, but this machine has {count} flagos device"
+    ):
+        flagos_state()
+    assert not torch.distributed.is_initialized()
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_are_one_process_with_both_batches(launch_training):
     """torchrun, two processes: each trains on its own flagos device, DDP keeps them equal, and the

@@ -40,13 +40,18 @@ DEFAULT_BACKEND = "cpu:gloo,flagos:flagos"
 
 
 def _process_device() -> torch.device:
-    """This process's flagos device: the one ``LOCAL_RANK`` names (modulo the device count) where a launcher
-    set it, else the current one."""
+    """This process's flagos device: the one ``LOCAL_RANK`` names where a launcher set it, else the current
+    one. More local ranks than flagos devices is an error, as it is for cuda."""
     count = torch.flagos.device_count()
     if count == 0:
         raise RuntimeError("accelerate cannot run on flagos: no flagos device is available")
     local_rank = int(os.environ.get("LOCAL_RANK", -1))
-    index = local_rank % count if local_rank >= 0 else torch.flagos.current_device()
+    if local_rank >= count:
+        raise RuntimeError(
+            f"LOCAL_RANK={local_rank}, but this machine has {count} flagos device(s): start at most {count} "
+            "processes per node"
+        )
+    index = local_rank if local_rank >= 0 else torch.flagos.current_device()
     return torch.device(DEVICE_TYPE, index)
 
 
