@@ -379,7 +379,10 @@ def _describe(launcher, grid, args) -> tuple:
         if not isinstance(ty, str):
             raise _Unreplayable(f"kernel {name}: tuple argument")
         if ty.startswith("*"):
-            params.append((PTR, _pointer(value, name), index in divisible))
+            # A pointer's fourth element: whether it is an empty tensor's, which may point just past the
+            # end of the memory it was cut from (and is never read).
+            empty = isinstance(value, torch.Tensor) and value.numel() == 0
+            params.append((PTR, _pointer(value, name), index in divisible, empty))
         elif ty in _SCALAR_KINDS:
             kind = _SCALAR_KINDS[ty]
             params.append((kind, float(value) if kind in _FLOAT_KINDS else int(value), index in divisible))

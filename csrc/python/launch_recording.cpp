@@ -170,10 +170,12 @@ int64_t allocation_of(const std::vector<Allocation>& allocations, uintptr_t addr
 }
 
 // Where `address`, used by launch `launch` (or a copy before it), points: into a tensor argument or an
-// allocation (end exclusive), else just past the end of one (an empty piece: cat's copy of an empty input).
+// allocation (end exclusive); for an empty tensor's pointer (`empty`: nothing is read or written through
+// it), also just past the end of one, where a view cut at the end of its memory points. Any other pointer
+// past an end is memory the call did not see: not guessed at.
 std::optional<PointerSlot> find_memory(uintptr_t address, size_t launch,
                                        const c10::SmallVectorImpl<ArgumentMemory>& arguments,
-                                       const std::vector<Allocation>& allocations) {
+                                       const std::vector<Allocation>& allocations, bool empty) {
   for (size_t k = 0; k < arguments.size(); ++k) {
     if (within(address, arguments[k].data, arguments[k].reach)) {
       return PointerSlot{0, PointerSource::kTensor, static_cast<uint32_t>(k),
@@ -181,12 +183,12 @@ std::optional<PointerSlot> find_memory(uintptr_t address, size_t launch,
     }
   }
   int64_t j = allocation_of(allocations, address, launch, false);
-  if (j < 0) j = allocation_of(allocations, address, launch, true);
+  if (j < 0 && empty) j = allocation_of(allocations, address, launch, true);
   if (j >= 0) {
     return PointerSlot{0, PointerSource::kAllocation, static_cast<uint32_t>(j),
                        static_cast<int64_t>(address - allocations[j].begin), false};
   }
-  for (size_t k = 0; k < arguments.size(); ++k) {
+  for (size_t k = 0; empty && k < arguments.size(); ++k) {
     if (address == arguments[k].data + arguments[k].reach) {
       return PointerSlot{0, PointerSource::kTensor, static_cast<uint32_t>(k),
                          static_cast<int64_t>(arguments[k].reach), false};
@@ -195,10 +197,10 @@ std::optional<PointerSlot> find_memory(uintptr_t address, size_t launch,
   return std::nullopt;
 }
 
-PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t launch, size_t parameter,
-                   const c10::SmallVectorImpl<ArgumentMemory>& arguments,
+PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, bool empty, size_t launch,
+                   size_t parameter, const c10::SmallVectorImpl<ArgumentMemory>& arguments,
                    const std::vector<Allocation>& allocations, const std::string& kernel) {
-  std::optional<PointerSlot> found = find_memory(address, launch, arguments, allocations);
+  std::optional<PointerSlot> found = find_memory(address, launch, arguments, allocations, empty);
   if (!found) {
     throw Refused("kernel " + kernel + "'s pointer parameter " + std::to_string(parameter) +
                   " points into memory the call neither received nor allocated");
@@ -213,8 +215,8 @@ PointerSlot locate(uintptr_t address, uint32_t at, bool divisible16, size_t laun
 ops::replay::PlannedTensor plan_step_tensor(const at::Tensor& t, size_t launch, const char* side,
                                             const c10::SmallVectorImpl<ArgumentMemory>& arguments,
                                             const std::vector<Allocation>& allocations) {
-  const std::optional<PointerSlot> found =
-      find_memory(reinterpret_cast<uintptr_t>(t.const_data_ptr()), launch, arguments, allocations);
+  const std::optional<PointerSlot> found = find_memory(reinterpret_cast<uintptr_t>(t.const_data_ptr()),
+                                                       launch, arguments, allocations, t.numel() == 0);
   if (!found) {
     throw Refused(std::string("a copy or fill inside the wrapper whose ") + side +
                   " is memory the call neither received nor allocated");
@@ -289,7 +291,8 @@ PlannedLaunch plan_launch(const py::handle launch, size_t index, c10::DeviceInde
       const auto address = static_cast<uintptr_t>(p[1].cast<uint64_t>());
       PointerSlot s{at, PointerSource::kNull, 0, 0, divisible16};
       if (address != 0) {
-        s = locate(address, at, divisible16, index, i, arguments, allocations, name);
+        const bool empty = p.size() > 3 && p[3].cast<bool>();
+        s = locate(address, at, divisible16, empty, index, i, arguments, allocations, name);
       }
       planned.pointers.push_back(s);
     } else if (kind == kFp16 || kind == kBf16 || kind == kFp32 || kind == kFp64) {

@@ -225,6 +225,40 @@ def refusals_by_reason():
         assert c["replayed"] == 0 and c["python"] > 0, (op, c)
 
 
+def a_pointer_past_an_allocation_is_not_guessed():
+    """A pointer just past the end of memory the call allocated, not an empty tensor's, is memory the call
+    did not see (a copy made where the recorder could not watch, say): refused, not taken for the end of
+    that allocation."""
+    fresh()
+    op = "aten::add.Tensor"
+    impl = torch_fl._flaggems.implementation(op)
+
+    add = flag_gems_like._ADD
+    add_from_address = triton_like.jit(
+        add.name, add.source, add.arg_names, constexprs=add.constexprs, types={"y": "*fp32"}
+    )
+
+    def add_with_a_pointer_past_out(x, y, *, alpha=1):
+        out = flag_gems_like._empty_like(x)
+        past = out.data_ptr() + out.untyped_storage().nbytes()  # an address, as a wrapper may compute one
+        add_from_address[(1,)](x, past, out, 1.0, 0, flag_gems_like.BLOCK)  # n = 0: nothing is read
+        return impl(x, y, alpha=alpha)
+
+    with routing.override({op: "flaggems"}):
+        _C._routing_set_flaggems_impl(op, add_with_a_pointer_past_out)
+        try:
+            for _ in range(3):
+                x, y = rand(20), rand(20)
+                close(torch.add(x, y), x.cpu() + y.cpu())
+        finally:
+            _C._routing_set_flaggems_impl(op, impl)
+    c = op_counts(op)
+    assert c["replayed"] == 0, c
+    refused = routing.replay_counts()["refused"]
+    why = "kernel add_kernel's pointer parameter 1 points into memory the call neither received nor allocated"
+    assert refused.get(why, 0) > 0, refused
+
+
 def a_recorder_that_cannot_classify_refuses():
     """An ATen call the recorder fails to classify (here: the view check raises) refuses the signature; the
     wrapper's call itself still returns its result."""
@@ -415,6 +449,7 @@ SCENARIOS = [
     signatures_apart,
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,
+    a_pointer_past_an_allocation_is_not_guessed,
     a_recorder_that_cannot_classify_refuses,
     an_error_inside_a_recording_keeps_its_message,
     switched_off,

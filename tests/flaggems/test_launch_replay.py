@@ -38,6 +38,7 @@ NAMES = [
     "signatures_apart",
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",
+    "a_pointer_past_an_allocation_is_not_guessed",
     "a_recorder_that_cannot_classify_refuses",
     "an_error_inside_a_recording_keeps_its_message",
     "switched_off",
