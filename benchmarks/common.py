@@ -122,6 +122,47 @@ def time_train_steps(
     return times + [timed_step() for _ in range(repeats)]
 
 
+def profile_train_steps(master, device: str, ids: torch.Tensor, steps: int = 2, warmup: int = 2) -> dict:
+    """Where an eager training step's time goes on ``device``, for a process of its own (on CUDA the reference's
+    never imports torch_fl): ``warmup`` steps of a copy of ``master``, then ``steps`` steps timed phase by
+    phase (forward with the loss, backward, the AdamW step; the device synchronised after each), then
+    ``steps`` more under the profiler (host activity). Returns ``phases`` (phase -> seconds per step),
+    ``events`` (profiler event -> [calls, self host us], over the profiled steps: aten ops, the autograd
+    engine's nodes, the optimizer's step) and ``steps``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = copy_to(master, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    ids = ids.to(device)
+    for _ in range(warmup):
+        train_step(model, optimizer, ids)
+    phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    def timed(phase: str, fn: Callable[[], T]) -> T:
+        start = time.perf_counter()
+        value = fn()
+        synchronize(device)
+        phases[phase] += (time.perf_counter() - start) / steps
+        return value
+
+    synchronize(device)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        out = timed("forward", lambda: model(ids, labels=ids))
+        timed("backward", out.loss.backward)
+        timed("optimizer", optimizer.step)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            train_step(model, optimizer, ids)
+        synchronize(device)
+    events: dict[str, list[float]] = {}
+    for event in prof.events():
+        row = events.setdefault(event.name, [0, 0.0])
+        row[0] += event.cpu_parent is None or event.cpu_parent.name != event.name
+        row[1] += event.self_cpu_time_total
+    return {"phases": phases, "events": events, "steps": steps}
+
+
 def time_first_calls(
     master,
     device: str,

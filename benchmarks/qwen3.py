@@ -37,11 +37,12 @@ run of all three does not fit a 10-minute GPU call (compiling the training step 
 ``--train-results DIR`` keeps each training run made in a fresh process (the reference's on CUDA; both
 compiled) in DIR, keyed by its settings, and a later run with the same settings takes it from there: a
 run cut short after the reference's training goes on with flagos's. The report says which were taken.
-``--side-by-side`` (with ``--compile``) runs the two compiled training processes at the same time instead
-of one after the other, on the same GPU and CPUs, and once both have compiled, their timed steps take turns
+``--side-by-side`` runs the two training processes (eager: both devices' steps in processes of their own;
+compiled) at the same time instead of one after the other, on the same GPU and CPUs, and once both have
+warmed up (compiled), their timed steps take turns
 in blocks of 5 (flagos, the reference, the reference, flagos, ...: ``harness.processes.Turns``), so that
 only one runs at a time and each block of one device has a block of the other beside it: the pairs of block medians give
-a paired ratio. A compiled training step at the 0.6b shape waits on the host, and its time wanders (33-64
+a paired ratio. An eager or compiled training step at the 0.6b shape waits on the host, and its time wanders (33-64
 ms a step on an H200) within minutes on both devices; run one after the other, or at the same time on two
 GPUs, the two devices meet different host states (the GPU and CPUs a process runs on matter more than the
 device). With ``--train-results``, saved runs are taken only where both devices'
@@ -59,7 +60,10 @@ CPU (host) time, and the backend ``torch_fl.routing.explain`` names for the op u
 
 ``--host-diff N`` (0, off, by default): one prefill and one decode profiled (host activity) on each device,
 and the N aten ops whose self host time on flagos exceeds the reference's most, with their calls on both:
-where the inference overhead goes.
+where the inference overhead goes. With ``train`` in ``--parts``, also an eager training step on each device
+in a fresh process of its own (``benchmarks.common.profile_train_steps``): its phases (forward, backward,
+optimizer) timed, then the N profiler events (aten ops, autograd nodes, the optimizer) whose self host time
+on flagos exceeds the reference's most.
 
 ``--graphs``: static-cache greedy decode, eager and replayed as graphs, on both devices and against Hugging
 Face's static-cache ``generate`` (benchmarks/qwen3_graphs.py says what runs and what is compared).
@@ -73,7 +77,7 @@ first; ``--graphs`` and ``--host-diff`` record theirs.
     python -m benchmarks.qwen3 [--shape tiny|0.6b | --model PATH] [--dtype auto] [--repeats 5]
                                [--configs native,my.conf] [--threads N] [--top-ops N] [--host-diff N]
                                [--compile [--decode-mode reduce-overhead|default|...]]
-                               [--parts prefill,decode,train] [--train-results DIR] [--side-by-side [second]]
+                               [--parts prefill,decode,train] [--train-results DIR] [--side-by-side]
                                [--json [FILE]]
     python -m benchmarks.qwen3 --graphs [--configs native,flaggems.conf] [--new-tokens 64]
 """
@@ -153,6 +157,7 @@ class Workload:
         vocab: int,
         parts: list[str],
         decode_mode: str | None = None,
+        train_elsewhere: bool = False,
     ):
         prompt_length, self.new_tokens, batch, train_length = sizes
         self.device = device
@@ -163,8 +168,14 @@ class Workload:
             self.model = qwen3.copy_to(master, device)
             self.prefill_model = torch.compile(self.model) if decode_mode else self.model
         # A compiled training step runs in a fresh process on both devices (train_elsewhere), so that its
-        # first call compiles with empty caches on each; an eager one here, where a backward can run.
-        self.trains_here = "train" in parts and not decode_mode and processes.backward_runs_here(device)
+        # first call compiles with empty caches on each; an eager one here, where a backward can run, but
+        # side by side (``train_elsewhere``: both in processes of their own, their steps in turns).
+        self.trains_here = (
+            "train" in parts
+            and not decode_mode
+            and not train_elsewhere
+            and processes.backward_runs_here(device)
+        )
         if self.trains_here:
             self.train_model = qwen3.copy_to(master, device).train()
             self.opt = torch.optim.AdamW(self.train_model.parameters(), lr=1e-5, foreach=True)
@@ -338,8 +349,8 @@ def measure(
     order swapped from pair to pair, so that the machine's drift (host load, clocks) hits both devices alike
     and each pair gives a ratio of its own. Flagos runs first, so its first compiled call is a cold one.
     Training that cannot run here (the reference on CUDA; compiled, both devices) runs in fresh processes,
-    the reference's first: no pairs then; with ``side_by_side`` (compiled) the two processes run at the same
-    time and their timed steps take turns (:func:`train_side_by_side`), which pairs their blocks."""
+    the reference's first: no pairs then; with ``side_by_side`` both devices' training runs in fresh
+    processes at the same time and their timed steps take turns (:func:`train_side_by_side`), which pairs their blocks."""
     results = {}
     for workload in (ref, fl):
         workload.decode_busy.clear()  # this config's runs only
@@ -504,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--side-by-side",
         action="store_true",
-        help="with --compile: the two training processes at the same time on the same GPU and CPUs, their "
+        help="the two training processes (eager or compiled) at the same time on the same GPU and CPUs, their "
         "timed steps in turns of 5 (paired blocks)",
     )
     records.add_json_argument(parser)
@@ -515,14 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not parts:
         parser.error(f"--parts: {', '.join(unknown) or 'nothing'} given; choose from {', '.join(_PARTS)}")
     parts = [p for p in _PARTS if p in parts]  # in their fixed order, once each
-    if args.host_diff and not {"prefill", "decode"} <= set(parts):
-        parser.error("--host-diff profiles prefill and decode: --parts must include both")
+    if args.host_diff and not ({"prefill", "decode"} <= set(parts) or "train" in parts):
+        parser.error("--host-diff profiles prefill and decode, and train: --parts must include both or train")
+    if args.host_diff and args.compile:
+        parser.error("--host-diff profiles eager runs: leave out --compile")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if args.side_by_side and not (args.compile and "train" in parts):
-        parser.error(
-            "--side-by-side runs the compiled training processes together: it needs --compile and train"
-        )
+    if args.side_by_side and "train" not in parts:
+        parser.error("--side-by-side runs the training processes together: --parts must include train")
     if args.top_ops < 0 or args.host_diff < 0:
         parser.error("--top-ops and --host-diff must be 0 (off) or more")
     if args.new_tokens is not None and args.new_tokens < 2:
@@ -583,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                     spec, reference, sizes, c.vocab_size, decode_mode, inference
                 )
             torch.compile(lambda t: (t * 2).sum())(torch.ones(8, device="flagos"))  # one-time costs, as there
-        ref = Workload(master, spec, reference, sizes, c.vocab_size, parts, decode_mode)
-        fl = Workload(master, spec, "flagos", sizes, c.vocab_size, parts, decode_mode)
+        ref = Workload(master, spec, reference, sizes, c.vocab_size, parts, decode_mode, args.side_by_side)
+        fl = Workload(master, spec, "flagos", sizes, c.vocab_size, parts, decode_mode, args.side_by_side)
         del master
         native_file = os.path.join(tmp, "native.conf")
         with open(native_file, "w") as f:
@@ -617,8 +628,10 @@ def main(argv: list[str] | None = None) -> int:
                     qwen3_profile.top_ops(
                         fl, args.top_ops, [p for p in parts if p != "train" or fl.trains_here]
                     )
-                if args.host_diff:
+                if args.host_diff and {"prefill", "decode"} <= set(parts):
                     qwen3_profile.host_diff(ref, fl, args.host_diff, rec, tag, model)
+                if args.host_diff and "train" in parts:
+                    qwen3_profile.train_host_diff(ref, fl, args.host_diff, rec, tag, model, config_file)
     torch_fl.routing.reset(all=True)
     return 0
 

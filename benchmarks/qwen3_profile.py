@@ -129,3 +129,36 @@ def host_diff(ref, fl, n: int, rec, tag: str, model: str) -> None:
     host_time_diff.print_table(rows, n, prefix="    ", label="op")
     detail = f"{model}: self host time in aten ops of one prefill and one decode, profiled"
     rec.add(f"{tag}inference_host_time_ratio", fl_total / ref_total, "time ratio", detail=detail)
+
+
+def train_host_diff(ref, fl, n: int, rec, tag: str, model: str, config_file: str) -> None:
+    """Where flagos's eager training step spends host time beyond the reference's: each device's step in a
+    fresh process of its own (``benchmarks.common.profile_train_steps``; flagos's with ``config_file``), its
+    phases timed, then profiled; profiler events by the difference of their self host time. Records
+    flagos's self host time over the reference's."""
+    from benchmarks import host_time_diff
+
+    runs = {}
+    for work in (ref, fl):
+        env = {"FLAGOS_BACKEND_CONFIG": config_file} if work.device == "flagos" else {}
+        runs[work.device] = processes.run_in_clean_process(
+            "benchmarks.common:profile_train_steps",
+            work.spec,
+            env=env,
+            with_torch_fl=work.device == "flagos",
+            device=work.device,
+            ids=work.train_ids,
+        )
+    r, f = runs[ref.device], runs["flagos"]
+    print(f"  one eager training step, each device in a process of its own ({ref.device} / flagos, ms):")
+    for phase, seconds in r["phases"].items():
+        flagos_seconds = f["phases"][phase]
+        print(
+            f"    {phase:10}{seconds * 1e3:10.2f}{flagos_seconds * 1e3:10.2f}   {flagos_seconds / seconds:.2f}x"
+        )
+    rows = host_time_diff.diff_rows(r["events"], f["events"], per=r["steps"])
+    ref_total, fl_total = host_time_diff.totals_ms(rows)
+    print(f"  self host time of one profiled step, all events: {ref_total:.1f} ms and {fl_total:.1f} ms")
+    host_time_diff.print_table(rows, n, prefix="    ")
+    detail = f"{model}: self host time of an eager training step's profiler events, processes of their own"
+    rec.add(f"{tag}train_host_time_ratio", fl_total / ref_total, "time ratio", detail=detail)

@@ -232,8 +232,27 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     taken = re.findall(r"\.\. train on (\w+): taken from ", again.stdout)
     assert sorted(taken) == sorted(["flagos", qwen3.reference]), again.stdout
     assert row[0] in again.stdout, again.stdout  # the same figures
-    bad = run_python("", args=[*args[:2], "--parts", "train", "--side-by-side"], timeout=TIMEOUT_S)
-    assert bad.returncode != 0 and "it needs --compile and train" in bad.stderr, repr(bad)
+    bad = run_python("", args=[*args[:2], "--parts", "prefill", "--side-by-side"], timeout=TIMEOUT_S)
+    assert bad.returncode != 0 and "--parts must include train" in bad.stderr, repr(bad)
+
+
+def test_benchmark_eager_training_side_by_side_with_host_diff(run_python, qwen3):
+    """benchmarks/qwen3.py --parts train --side-by-side --host-diff: eager training of both devices in
+    processes of their own whose timed steps take turns (paired blocks), then each device's step profiled
+    in a fresh process: the phases and the events whose host time flagos exceeds most."""
+    args = ["-m", "benchmarks.qwen3", "--shape", qwen3.shape, "--parts", "train", "--repeats", "1"]
+    args += ["--batch", "1", "--train-length", "8", "--side-by-side", "--host-diff", "4"]
+    result = run_python("", args=args, timeout=TIMEOUT_S)
+    assert result.returncode == 0, repr(result)
+    out = result.stdout
+    row = re.search(r"train step 1x8 \(ms\)\s+([\d.]+)\s+([\d.]+)\s+time [\d.]+\s+(.*)", out)
+    assert row and float(row[1]) > 0 and float(row[2]) > 0, out
+    assert re.fullmatch(r"[\d.]+  \([\d.]+-[\d.]+ over 4\)", row[3].strip()), out
+    for phase in ("forward", "backward", "optimizer"):
+        assert re.search(rf"\n    {phase} +[\d.]+ +[\d.]+   [\d.]+x\n", out), out
+    table = out.split("self host time of one profiled step, all events:")[1].splitlines()[1:]
+    assert table[0].split()[:3] == ["event", "calls", "calls"], out
+    assert len([line for line in table[1:5] if re.search(r"[\d.]+ +-?[\d.]+$", line)]) == 4, out
 
 
 @pytest.mark.slow
