@@ -13,10 +13,9 @@ void release_borrowed(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
-// The deleter of a borrow_for_call() DataPtr, which holds no reference.
-void forget_borrowed(void* /*context*/) {}
-
 }  // namespace
+
+void detail::forget_borrowed(void* /*context*/) {}
 
 c10::DataPtr borrow(const c10::Storage& owner, c10::Device device) {
   c10::StorageImpl* impl = owner.unsafeGetStorageImpl();
@@ -24,31 +23,19 @@ c10::DataPtr borrow(const c10::Storage& owner, c10::Device device) {
   return c10::DataPtr(owner.mutable_data(), impl, &release_borrowed, device);
 }
 
-c10::DataPtr borrow_for_call(const c10::Storage& owner, c10::Device device) {
-  c10::StorageImpl* impl = owner.unsafeGetStorageImpl();
-  return c10::DataPtr(owner.mutable_data(), impl, &forget_borrowed, device);
-}
-
 void keep_borrowed_owner(c10::StorageImpl& storage) {
   c10::DataPtr& ptr = storage._mutable_data_ptr_no_checks();
-  if (ptr.get_deleter() != &forget_borrowed) return;
+  if (ptr.get_deleter() != &detail::forget_borrowed) return;
   c10::raw::intrusive_ptr::incref(static_cast<c10::StorageImpl*>(ptr.get_context()));
-  const bool swapped = ptr.compare_exchange_deleter(&forget_borrowed, &release_borrowed);
+  const bool swapped = ptr.compare_exchange_deleter(&detail::forget_borrowed, &release_borrowed);
   TORCH_INTERNAL_ASSERT(swapped);
 }
 
 const c10::StorageImpl* borrowed_from(const c10::DataPtr& ptr) {
   const c10::DeleterFnPtr deleter = ptr.get_deleter();
-  return deleter == &release_borrowed || deleter == &forget_borrowed
+  return deleter == &release_borrowed || deleter == &detail::forget_borrowed
              ? static_cast<const c10::StorageImpl*>(ptr.get_context())
              : nullptr;
-}
-
-c10::DataPtr relabel_as_flagos(c10::DataPtr memory, c10::DeviceIndex index) {
-  void* data = memory.get();
-  const c10::DeleterFnPtr deleter = memory.get_deleter();
-  void* context = memory.release_context();
-  return c10::DataPtr(data, context, deleter, c10::Device(c10::DeviceType::PrivateUse1, index));
 }
 
 }  // namespace flagos::runtime

@@ -32,6 +32,14 @@ class AliasLookup {
   // Every alias, in the order made.
   c10::SmallVector<AliasedTensor, 4>& all() { return tensors_; }
 
+  // Room for `n` more aliases (a tensor list's), so that adding them grows nothing.
+  void reserve_more(size_t n) {
+    const size_t total = tensors_.size() + n;
+    tensors_.reserve(total);
+    if (index_ == nullptr && total >= kIndexedFrom) make_index(total);
+    if (index_ != nullptr) index_->by_flagos_storage.reserve(total);
+  }
+
   // Adds an alias; the reference is valid until the next add().
   const at::Tensor& add(at::Tensor&& native, const c10::TensorImpl* flagos) {
     tensors_.push_back({std::move(native), flagos});
@@ -39,9 +47,7 @@ class AliasLookup {
     if (index_ != nullptr) {
       index_->by_flagos_storage.emplace(flagos_storage(tensors_[last]), last);
     } else if (tensors_.size() >= kIndexedFrom) {
-      index_ = std::make_unique<Index>();
-      index_->by_flagos_storage.reserve(2 * kIndexedFrom);
-      for (uint32_t i = 0; i <= last; ++i) index_->by_flagos_storage.emplace(flagos_storage(tensors_[i]), i);
+      make_index(2 * kIndexedFrom);
     }
     return tensors_[last].native;
   }
@@ -90,6 +96,14 @@ class AliasLookup {
     return a.native.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   }
 
+  // The index of the aliases made so far, with room for `capacity`.
+  void make_index(size_t capacity) {
+    index_ = std::make_unique<Index>();
+    index_->by_flagos_storage.reserve(capacity);
+    for (uint32_t i = 0; i < tensors_.size(); ++i)
+      index_->by_flagos_storage.emplace(flagos_storage(tensors_[i]), i);
+  }
+
   template <class Map>
   AliasedTensor* found_in(const Map& map, typename Map::key_type key) {
     const auto it = map.find(key);
@@ -112,7 +126,7 @@ class AliasLookup {
   }
 
   c10::SmallVector<AliasedTensor, 4> tensors_;
-  std::unique_ptr<Index> index_;  // from kIndexedFrom aliases on
+  std::unique_ptr<Index> index_;  // from kIndexedFrom aliases on, or once reserve_more expects that many
 };
 
 }  // namespace flagos::ops

@@ -90,15 +90,16 @@ class AliasScope {
   const at::Tensor& alias(const at::Tensor& t, bool placed = true) {
     if (!t.defined()) return t;
     if (hold_args_) held_.push_back(t);
-    if (t.device().type() != kFlagos) {
+    const c10::Device device = t.device();
+    if (device.type() != kFlagos) {
       // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
       // be between cuda and cpu, not a silent success on the aliases.
-      if (placed && t.device().type() != c10::DeviceType::CPU) note_device(t.device());
+      if (placed && device.type() != c10::DeviceType::CPU) note_device(device);
       passed_.push_back(t.unsafeGetTensorImpl());
       return t;
     }
-    if (placed) note_device(t.device());
+    if (placed) note_device(device);
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
     if (const AliasedTensor* shared = aliases_.of_flagos_storage(t.storage().unsafeGetStorageImpl())) {
@@ -113,6 +114,8 @@ class AliasScope {
     }
     return aliases_.add(std::move(native), t.unsafeGetTensorImpl());
   }
+
+  void reserve_aliases(size_t n) { aliases_.reserve_more(n); }
 
   c10::IValue alias_value(const c10::IValue& v) {
     if (v.isTensor() || v.isList()) {
@@ -213,7 +216,9 @@ class AliasScope {
 
   at::Tensor adopt_result(const at::Tensor& out, at::Tensor* movable) {
     auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
-    if (!out.defined() || out.device().type() == kFlagos) return as_is();
+    if (!out.defined()) return as_is();
+    const c10::DeviceType type = out.device().type();
+    if (type == kFlagos) return as_is();
     if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
     if (C10_UNLIKELY(cpu_results_)) return as_is();  // the call asked for CPU results
     if (C10_UNLIKELY(native_layouts::has_members(out)) && !out.is_quantized()) {
@@ -230,16 +235,21 @@ class AliasScope {
       // A view of an earlier result's memory.
       if (s.native.unsafeGetStorageImpl() == storage) return flagos_tensor_over(s.flagos, out);
     }
-    if (out.device().type() != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
+    if (type != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
     return adopt_fresh(out, movable);
   }
 
   void note_device(c10::Device d) {
+    if (C10_LIKELY(device_.has_value() && (*device_ == d || !same_device_))) return;
     if (!device_.has_value()) {
       device_ = d;
       return;
     }
-    if (!same_device_ || *device_ == d) return;
+    note_second_device(d);
+  }
+
+  // A tensor on another device than the call's first: fine for copies, else the same-device error.
+  C10_NOINLINE void note_second_device(c10::Device d) {
     if (op_ != nullptr && takes_mixed_devices(*op_)) {
       same_device_ = false;
       return;
@@ -452,6 +462,10 @@ NativeCall::~NativeCall() {
 
 const at::Tensor& NativeCall::alias(const at::Tensor& t) {
   return scope_in(scope_).alias(t);
+}
+
+void NativeCall::reserve_aliases(size_t n) {
+  scope_in(scope_).reserve_aliases(n);
 }
 
 c10::IValue NativeCall::alias_value(const c10::IValue& v) {

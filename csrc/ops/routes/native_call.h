@@ -63,6 +63,8 @@ class NativeCall {
   // A flagos tensor's native alias; other tensors as they are. The reference is valid until the next
   // alias() call (take a copy, or a borrow: the tensor itself lives as long as this object).
   const at::Tensor& alias(const at::Tensor& t);
+  // Room for `n` more aliases, before a tensor list's elements are aliased one by one.
+  void reserve_aliases(size_t n);
   // Any argument: tensors, tensor lists, optional tensor lists, flagos generators and devices.
   c10::IValue alias_value(const c10::IValue& v);
   // The flagos generator of the call's device, standing in for an omitted one (None without a device), so

@@ -12,8 +12,10 @@
 #include <c10/core/DispatchKey.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <utility>
@@ -27,11 +29,22 @@ namespace flagos::ops::native_memory {
 
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
-// The native device's facts (runtime/native_device.h), read on every native-route call: a function-local
-// reference rather than an out-of-line runtime call each time. Ask once the accelerator is in use.
-inline const runtime::NativeDevice& native() {
-  static const runtime::NativeDevice& device = runtime::native_device();
+namespace detail {
+// runtime::native_device(), once known: one load on the hot path instead of an out-of-line call (a
+// function-local static would still cost a guard check and, being inline, a call into its one definition).
+inline std::atomic<const runtime::NativeDevice*> g_native{nullptr};
+C10_NOINLINE inline const runtime::NativeDevice& native_first() {
+  const runtime::NativeDevice& device = runtime::native_device();
+  g_native.store(&device, std::memory_order_release);
   return device;
+}
+}  // namespace detail
+
+// The native device's facts (runtime/native_device.h), read on every native-route call. Ask once the
+// accelerator is in use.
+inline const runtime::NativeDevice& native() {
+  const runtime::NativeDevice* device = detail::g_native.load(std::memory_order_acquire);
+  return C10_LIKELY(device != nullptr) ? *device : detail::native_first();
 }
 
 // The dense dispatch key of tensors of device type `type` (flagos, the native device, or the CPU).
@@ -104,6 +117,13 @@ inline bool can_take_memory(const c10::Storage& s, size_t holders) {
 // The flagos device of flagos memory held by native storage `s` (host-kernel memory is labelled CPU), or
 // `fallback` for memory that is not flagos's.
 inline c10::Device flagos_device_of(const c10::Storage& s, c10::Device fallback) {
+  if (!native().host_kernels) {
+    // Backed: flagos memory is the backing allocator's, labelled with its own device (the runtime's answer,
+    // without the call).
+    const c10::DataPtr& data = s.data_ptr();
+    const bool flagos = data.get() != nullptr && data.get_deleter() == native().flagos_deleter;
+    return c10::Device(kFlagos, flagos ? data.device().index() : fallback.index());
+  }
   return c10::Device(kFlagos, runtime::flagos_memory_device(s.data_ptr()).value_or(fallback.index()));
 }
 
@@ -163,18 +183,16 @@ class AliasRecycler {
     free_.pop_back();
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
-    native->set_data_ptr_noswap(std::move(memory));
+    native->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: put() checked them
     native->set_nbytes(storage.nbytes());
-    native->set_allocator(allocator);
-    native->set_resizable(true);
     if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
     if (impl->sizes() == t.sizes() && impl->strides() == t.strides()) {
       impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
     } else {
       impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     }
-    impl->_set_conj(t.is_conj());
-    impl->_set_neg(t.is_neg());
+    if (C10_UNLIKELY(impl->is_conj() != t.is_conj())) impl->_set_conj(t.is_conj());
+    if (C10_UNLIKELY(impl->is_neg() != t.is_neg())) impl->_set_neg(t.is_neg());
     return alias;
   }
 
@@ -185,6 +203,9 @@ class AliasRecycler {
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
     c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
+    // alias_of() reuses the storage's allocator and resizability as they are: one a kernel changed (set_)
+    // is not taken back.
+    if (native->allocator() != native_memory::native().allocator || !native->resizable()) return;
     native->set_data_ptr_noswap(c10::DataPtr(nullptr, native->device()));
     native->set_nbytes(0);
     if (free_.empty()) type_ = type;

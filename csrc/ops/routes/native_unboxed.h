@@ -6,7 +6,8 @@
 // the kernel's signature, `name`/`overload_name` the operator, `redispatch` the unboxed call into the
 // native kernel). Adding an op is a line in the list in native_unboxed.cpp plus its `<ATen/ops/..._ops.h>`
 // include there. A call:
-//   1. asks the router (the cached decision, a few ns). Anything but `native` takes exactly the boxed path:
+//   1. asks the router (the op's kept route, ops/routing/router.h's OperatorRoute). Anything but `native`
+//      takes exactly the boxed path:
 //      c10's BoxedKernelWrapper boxes the arguments and runs run_route on the chosen backend, as the
 //      fallback would (cpu, flaggems, python; an op without a native kernel is routed to cpu by then);
 //   2. otherwise runs a NativeCall of kind kUnboxedKernel: each argument aliased (NativeArg), generators,
@@ -128,6 +129,7 @@ struct BorrowedList {
   template <class List>
   BorrowedList(NativeCall& aliases, const List& list) {
     value.reserve(list.size());
+    if (list.size() > 1) aliases.reserve_aliases(list.size());
     for (const at::Tensor& t : list) value.push_back(BorrowTraits::createBorrow(aliases.alias(t)));
   }
   BorrowedList(BorrowedList&& other) noexcept = default;  // leaves `other` empty
@@ -323,7 +325,7 @@ struct UnboxedKernel<Op, Ret(Args...)> {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
     }
-    const Backend backend = route(op).backend;
+    const Backend backend = route_.get(op).backend;
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -336,6 +338,8 @@ struct UnboxedKernel<Op, Ret(Args...)> {
   }
 
  private:
+  static inline OperatorRoute route_;  // this op's route, kept between calls
+
   static Ret run_native(Args&... args) {
     NativeCall call(NativeCall::kUnboxedKernel, unboxed_detail::UnboxedOpTraits<Op>::kOneDevice);
     // Braced initialisation: arguments are aliased in order, as on the boxed path.

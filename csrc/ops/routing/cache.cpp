@@ -25,8 +25,8 @@ namespace {
 constexpr int kCacheBits = 14;
 constexpr size_t kCacheSlots = size_t{1} << kCacheBits;
 constexpr size_t kMaxProbes = 32;
-constexpr uint64_t kBackendMask = 0x7f;
-constexpr uint64_t kByDefaultBit = 0x80;
+constexpr uint64_t kBackendMask = detail::kRouteBackendMask;
+constexpr uint64_t kByDefaultBit = detail::kRouteByDefaultBit;
 
 struct alignas(16) CacheSlot {
   std::atomic<const void*> key{nullptr};
@@ -35,16 +35,23 @@ struct alignas(16) CacheSlot {
 
 CacheSlot g_cache[kCacheSlots];
 
-// Bumped by every change that can alter a route. Its own cache line: read on every call, written rarely.
-alignas(64) std::atomic<uint64_t> g_version{1};
-
 bool read_log_dispatch() {
   const char* value = std::getenv("FLAGOS_LOG_DISPATCH");
   return value != nullptr && value[0] != '\0' && std::string(value) != "0";
 }
 
+}  // namespace
+
+namespace detail {
+// Bumped by every change that can alter a route. Its own cache line: read on every call, written rarely.
+alignas(64) std::atomic<uint64_t> g_routing_version{1};
 // Read once when the extension loads; route_for tests it with one predictable branch.
 const bool g_log_dispatch = read_log_dispatch();
+}  // namespace detail
+
+namespace {
+
+using detail::g_log_dispatch;
 
 inline size_t slot_index(const void* key) {
   return static_cast<size_t>(((reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull) >>
@@ -68,7 +75,7 @@ C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
     {
       std::lock_guard<std::mutex> lock(s.mu);
       ensure_initialized_locked(s);
-      const uint64_t version = g_version.load(std::memory_order_acquire);
+      const uint64_t version = detail::g_routing_version.load(std::memory_order_acquire);
       d = decide_locked(s, op, /*warn=*/true);
       if (!d.flaggems_load_needed) {
         size_t i = slot_index(key);
@@ -98,7 +105,7 @@ C10_NOINLINE Route route_slow(const c10::OperatorHandle& op) {
 }  // namespace
 
 void bump_version() {
-  g_version.fetch_add(1, std::memory_order_acq_rel);
+  detail::g_routing_version.fetch_add(1, std::memory_order_acq_rel);
 }
 
 // ---- Hot path -----------------------------------------------------------------------------------------
@@ -109,7 +116,7 @@ Route route(const c10::OperatorHandle& op) {
     const void* k = g_cache[i].key.load(std::memory_order_acquire);
     if (C10_LIKELY(k == key)) {
       const uint64_t value = g_cache[i].value.load(std::memory_order_acquire);
-      if (C10_UNLIKELY((value >> 8) != g_version.load(std::memory_order_acquire))) break;
+      if (C10_UNLIKELY((value >> 8) != detail::g_routing_version.load(std::memory_order_acquire))) break;
       if (C10_UNLIKELY(g_log_dispatch)) log_decision(op);
       return Route{static_cast<Backend>(value & kBackendMask), (value & kByDefaultBit) != 0};
     }
@@ -119,7 +126,7 @@ Route route(const c10::OperatorHandle& op) {
 }
 
 uint64_t routing_version() {
-  return g_version.load(std::memory_order_acquire);
+  return detail::g_routing_version.load(std::memory_order_acquire);
 }
 
 bool dispatch_logging_enabled() {

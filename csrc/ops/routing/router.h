@@ -13,7 +13,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/macros/Macros.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,6 +46,44 @@ Route route(const c10::OperatorHandle& op);
 inline Backend route_for(const c10::OperatorHandle& op) {
   return route(op).backend;
 }
+
+namespace detail {
+extern std::atomic<uint64_t> g_routing_version;  // routing_version()'s counter
+extern const bool g_log_dispatch;                // dispatch_logging_enabled()
+// A route packed with the version it was decided under: version << 8 | flags.
+constexpr uint64_t kRouteBackendMask = 0x7f;
+constexpr uint64_t kRouteByDefaultBit = 0x80;
+}  // namespace detail
+
+// The route of one operator, kept by a caller that serves only that operator (an unboxed kernel): one
+// load and compare against the routing version instead of route()'s cache probe; route() again after any
+// change that can alter a route, and on every call while the dispatch log is on (route() writes it).
+class OperatorRoute {
+ public:
+  Route get(const c10::OperatorHandle& op) {
+    const uint64_t kept = kept_.load(std::memory_order_acquire);
+    if (C10_LIKELY((kept >> 8) == detail::g_routing_version.load(std::memory_order_acquire))) {
+      return Route{static_cast<Backend>(kept & detail::kRouteBackendMask),
+                   (kept & detail::kRouteByDefaultBit) != 0};
+    }
+    return refresh(op);
+  }
+
+ private:
+  C10_NOINLINE Route refresh(const c10::OperatorHandle& op) {
+    // The version before the answer: a change made meanwhile leaves the kept route stale, never wrong.
+    const uint64_t version = detail::g_routing_version.load(std::memory_order_acquire);
+    const Route r = route(op);
+    if (!detail::g_log_dispatch) {
+      kept_.store(
+          version << 8 | static_cast<uint64_t>(r.backend) | (r.by_default ? detail::kRouteByDefaultBit : 0),
+          std::memory_order_release);
+    }
+    return r;
+  }
+
+  std::atomic<uint64_t> kept_{0};  // version << 8 | by_default << 7 | backend; version 0 is never current
+};
 
 // Whether a Python implementation is registered for an op.
 bool has_python_impl(const c10::OperatorName& name);
