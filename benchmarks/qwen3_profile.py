@@ -160,5 +160,5 @@ def train_host_diff(ref, fl, n: int, rec, tag: str, model: str, config_file: str
     ref_total, fl_total = host_time_diff.totals_ms(rows)
     print(f"  self host time of one profiled step, all events: {ref_total:.1f} ms and {fl_total:.1f} ms")
     host_time_diff.print_table(rows, n, prefix="    ")
-    detail = f"{model}: self host time of an eager training step's profiler events, processes of their own"
+    detail = f"{model}: self host time of an eager train step, in processes of their own"
     rec.add(f"{tag}train_host_time_ratio", fl_total / ref_total, "time ratio", detail=detail)
