@@ -103,6 +103,9 @@ class AliasScope {
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
     if (const AliasedTensor* shared = aliases_.of_flagos_storage(t.storage().unsafeGetStorageImpl())) {
+      // The same tensor again (foreach Adam's addcmul_ of the gradients by themselves): its alias again, as
+      // the native kernel would see one tensor twice.
+      if (shared->flagos == t.unsafeGetTensorImpl()) return shared->native;
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
       native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
     } else if (recycler_ != nullptr) {

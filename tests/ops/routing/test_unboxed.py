@@ -389,6 +389,23 @@ _LIST_CASES = {
 }
 
 
+def test_a_tensor_passed_twice_is_one_alias():
+    # Adam's foreach step multiplies the gradients by themselves (_foreach_addcmul_(v, g, g)), and in-place
+    # ops may take their own destination again (a.mul_(a)): the kernel sees one tensor twice, as on the
+    # native device, and the results match it.
+    g = torch.Generator().manual_seed(0)
+    v, grads = ([torch.randn(3 + i % 5, generator=g) for i in range(24)] for _ in range(2))
+    x = torch.randn(16, generator=g)
+    fl_v, fl_grads, fl_x = [t.to("flagos") for t in v], [t.to("flagos") for t in grads], x.to("flagos")
+    torch._foreach_addcmul_(v, grads, grads, 0.5)
+    torch._foreach_addcmul_(fl_v, fl_grads, fl_grads, 0.5)
+    torch.testing.assert_close([t.cpu() for t in fl_v], v)
+    torch.testing.assert_close([t.cpu() for t in fl_grads], grads)
+    assert fl_x.mul_(fl_x) is fl_x
+    torch.testing.assert_close(fl_x.cpu(), x * x)
+    torch.testing.assert_close(torch.add(fl_x, fl_x, alpha=2).cpu(), x * x + 2 * x * x)
+
+
 @pytest.mark.parametrize("name", list(_LIST_CASES))
 def test_optimizer_and_fsdp_list_ops_match_the_native_device(name):
     g = torch.Generator().manual_seed(0)
