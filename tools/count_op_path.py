@@ -141,7 +141,8 @@ def count(build_dir: Path, op: str, warmups: int) -> dict:
             COUNT_OP_PATH_OUT=str(out),
             COUNT_OP_PATH_LIBS=":".join(str(p) for p in libs.values()),
         )
-        command = [GDB, "-batch", "-nx", "-iex", "set auto-load python-scripts off", "-x", str(ROOT / "tools" / "count_op_path_gdb.py")]
+        gdb_script = ROOT / "tools" / "count_op_path_gdb.py"
+        command = [GDB, "-batch", "-nx", "-iex", "set auto-load python-scripts off", "-x", str(gdb_script)]
         command += ["--args", sys.executable, "-S", str(inferior), str(stage), op, str(warmups)]
         proc = subprocess.run(command, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
