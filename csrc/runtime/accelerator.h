@@ -3,7 +3,9 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/macros/Macros.h>
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -22,11 +24,24 @@ std::string accelerator_error();
 // The accelerators this build can load ("sim" always; "cuda" when its HAL was built).
 std::vector<std::string> built_accelerators();
 
+namespace detail {
+// The selected accelerator's device count (0 when it is unusable), -1 until it is selected: the first
+// device_count() selects it (runtime/hal_runtime.cpp), every later one is this load.
+extern std::atomic<c10::DeviceIndex> g_device_count;
+c10::DeviceIndex select_device_count() noexcept;
+[[noreturn]] void throw_bad_device_index(c10::DeviceIndex index);
+}  // namespace detail
+
 // Number of devices; 0 when the accelerator is unusable. Never throws.
-c10::DeviceIndex device_count() noexcept;
+inline c10::DeviceIndex device_count() noexcept {
+  const c10::DeviceIndex count = detail::g_device_count.load(std::memory_order_relaxed);
+  return C10_LIKELY(count >= 0) ? count : detail::select_device_count();
+}
 
 // Validates a device index against device_count(); the message names the index and the valid range.
-void check_device_index(c10::DeviceIndex index);
+inline void check_device_index(c10::DeviceIndex index) {
+  if (C10_UNLIKELY(index < 0 || index >= device_count())) detail::throw_bad_device_index(index);
+}
 
 // True once the device is initialised (runtime/setup.h initialize() has completed) in this process.
 bool is_initialized() noexcept;

@@ -33,7 +33,8 @@ bool FlagosDeviceAllocator::initialized() {
 }
 
 void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
-  if (!is_initialized()) return;  // nothing cached before the device was used
+  // Nothing cached before the device was used; nothing to return in a child forked after (as with CUDA).
+  if (!is_initialized() || in_bad_fork()) return;
   active_mode().allocator().emptyCache(mempool_id);
 }
 

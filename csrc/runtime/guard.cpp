@@ -32,12 +32,7 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_INTERNAL_ASSERT(d.type() == kType);
     set_device(d.index());
   }
-  void uncheckedSetDevice(c10::Device d) const noexcept override {
-    // Restoring a device after a guard: nothing to restore before the device was ever used.
-    RuntimeMode* m = mode_or_null();
-    if (m != nullptr && is_initialized() && !in_bad_fork() && d.index() >= 0)
-      m->guard().uncheckedSetDevice(d);
-  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { restore_device(d.index()); }
 
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override { return default_stream(d.index()); }

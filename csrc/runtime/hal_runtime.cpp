@@ -56,6 +56,26 @@ const Selection& selection() noexcept {
 
 }  // namespace
 
+namespace detail {
+
+std::atomic<c10::DeviceIndex> g_device_count{-1};
+
+c10::DeviceIndex select_device_count() noexcept {
+  const Selection& s = selection();
+  const c10::DeviceIndex count = s.table != nullptr ? s.devices : 0;
+  g_device_count.store(count, std::memory_order_relaxed);
+  return count;
+}
+
+void throw_bad_device_index(c10::DeviceIndex index) {
+  const c10::DeviceIndex count = device_count();
+  TORCH_CHECK_INDEX(false, "invalid flagos device index ", static_cast<int>(index), ": ",
+                    static_cast<int>(count), " flagos device(s) available",
+                    count > 0 ? " (valid: 0.." + std::to_string(count - 1) + ")" : std::string(""));
+}
+
+}  // namespace detail
+
 const hal::HalTable* hal_or_null() noexcept {
   return selection().table;
 }
@@ -78,10 +98,6 @@ std::vector<std::string> built_accelerators() {
 
 std::string accelerator_error() {
   return selection().error;
-}
-
-c10::DeviceIndex device_count() noexcept {
-  return selection().table ? selection().devices : 0;
 }
 
 bool is_initialized() noexcept {
@@ -151,13 +167,6 @@ bool has_stream_priorities() {
   int greatest = 0;
   check_hal(hal().stream_get_priority_range(&least, &greatest), "flagos_stream_get_priority_range");
   return greatest < least;  // lower numbers are higher priority
-}
-
-void check_device_index(c10::DeviceIndex index) {
-  c10::DeviceIndex count = device_count();
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "invalid flagos device index ", static_cast<int>(index),
-                    ": ", static_cast<int>(count), " flagos device(s) available",
-                    count > 0 ? " (valid: 0.." + std::to_string(count - 1) + ")" : std::string(""));
 }
 
 }  // namespace flagos::runtime

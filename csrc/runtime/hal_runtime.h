@@ -24,8 +24,10 @@ const hal::HalTable* hal_or_null() noexcept;
 // Called by initialize() (runtime/setup.h) once it has completed: is_initialized() is true from then on.
 void mark_initialized() noexcept;
 
-// Throws the bad-fork error in a child forked after initialisation (in_bad_fork()). hal() checks it; paths
-// that bypass the HAL (flagos backed by torch's CUDA) check it themselves.
+// Throws the bad-fork error in a child forked after initialisation (in_bad_fork()). hal() checks it, and so
+// does the runtime's lazy-initialisation edge (runtime/mode.h active_mode()), which every entry point that
+// uses the device passes; the HAL mode's hot paths then use its HAL table unchecked
+// (runtime/hal/hal_parts.h).
 void check_not_forked();
 
 // Throws a c10::Error (or torch.OutOfMemoryError for FLAGOS_ERROR_OUT_OF_MEMORY) describing a failed

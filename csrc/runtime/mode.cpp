@@ -5,6 +5,8 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <mutex>
 #include <vector>
 
@@ -16,12 +18,20 @@
 namespace flagos::runtime {
 
 namespace hal_mode {
-RuntimeMode* make_mode();  // runtime/hal/hal_mode.cpp
+RuntimeMode* make_mode(const hal::HalTable& table);  // runtime/hal/hal_mode.cpp
 }  // namespace hal_mode
 
 namespace detail {
 
 std::atomic<RuntimeMode*> g_mode{nullptr};
+std::atomic<RuntimeMode*> g_active{nullptr};
+
+RuntimeMode& activate() {
+  check_not_forked();
+  initialize();
+  // On the thread running initialize() the device is not marked initialised yet: its steps use the mode.
+  return *g_mode.load(std::memory_order_acquire);
+}
 
 RuntimeMode* select_mode() noexcept {
   // Leaked on purpose, like the HAL tables: memory may be freed from static destructors.
@@ -33,7 +43,7 @@ RuntimeMode* select_mode() noexcept {
     } catch (const std::exception&) {
       // torch cannot use the backing device type after all: flagos runs its own runtime on the HAL.
     }
-    return hal_mode::make_mode();
+    return hal_mode::make_mode(*table);
   }();
   if (selected != nullptr) g_mode.store(selected, std::memory_order_release);
   return selected;
@@ -62,11 +72,6 @@ RuntimeMode& mode() {
   return *m;
 }
 
-RuntimeMode& active_mode() {
-  if (C10_UNLIKELY(!is_initialized())) initialize();
-  return *detail::g_mode.load(std::memory_order_relaxed);
-}
-
 void add_setup_step(SetupStep step) {
   setup_steps().push_back(step);
 }
@@ -90,6 +95,9 @@ void initialize() {
     }
     t_initializing = false;
     mark_initialized();
+    // Once: a child forked from now on finds no active mode, and its first use raises the fork error.
+    pthread_atfork(nullptr, nullptr, [] { detail::g_active.store(nullptr, std::memory_order_relaxed); });
+    detail::g_active.store(&m, std::memory_order_release);
   }
   // torch's own record of the device's lazy initialisation: Context::isPinnedPtr answers false for every
   // pointer until it is set, so pinned memory taken without pin_memory() (torch.empty(pin_memory=True), the

@@ -90,6 +90,11 @@ class RuntimeMode {
 namespace detail {
 extern std::atomic<RuntimeMode*> g_mode;
 RuntimeMode* select_mode() noexcept;
+// The mode once the device is initialised; nullptr before, and again in a child forked after it. It is the
+// one check on the runtime's hot path (active_mode()): fork and initialisation are checked where it is
+// null (activate()), not per call.
+extern std::atomic<RuntimeMode*> g_active;
+RuntimeMode& activate();
 }  // namespace detail
 
 // The selected mode; selecting it (once) loads the HAL. nullptr when no accelerator can be used.
@@ -103,7 +108,11 @@ inline RuntimeMode* mode_or_null() noexcept {
 RuntimeMode& mode();
 
 // The selected mode, the device initialised first (runtime/setup.h initialize()): what every entry
-// point that uses the device (allocates, makes streams, events or generators) goes through.
-RuntimeMode& active_mode();
+// point that uses the device (allocates, makes streams, events or generators) goes through. In a child
+// forked after initialisation it throws the fork error.
+inline RuntimeMode& active_mode() {
+  RuntimeMode* m = detail::g_active.load(std::memory_order_acquire);
+  return C10_LIKELY(m != nullptr) ? *m : detail::activate();
+}
 
 }  // namespace flagos::runtime

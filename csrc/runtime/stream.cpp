@@ -41,8 +41,9 @@ void check_stream(const c10::Stream& stream) {
 }
 
 void synchronize_stream(const c10::Stream& stream) {
-  check_stream(stream);
-  active_mode().guard().synchronizeStream(stream);
+  RuntimeMode& m = active_mode();
+  m.check_stream(stream);
+  m.guard().synchronizeStream(stream);
 }
 
 }  // namespace flagos::runtime

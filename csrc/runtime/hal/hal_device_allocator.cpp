@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/borrowed_memory.h"
+#include "runtime/device.h"
 #include "runtime/hal_runtime.h"
 
 namespace flagos::runtime::hal_mode {
@@ -81,8 +82,13 @@ bool is_small(size_t size) {
   return size <= kSmallSize;
 }
 
-void update_stat(StatArray& stat, size_t size, int64_t amount) {
-  const auto pool = is_small(size) ? StatType::SMALL_POOL : StatType::LARGE_POOL;
+// The statistics' pool of a block of `size` bytes: the small or the large one.
+StatType pool_of(size_t size) {
+  return size <= kSmallSize ? StatType::SMALL_POOL : StatType::LARGE_POOL;
+}
+
+// Adds `amount` to a statistic, in the aggregate and in the block's pool (pool_of).
+void update_stat(StatArray& stat, StatType pool, int64_t amount) {
   for (auto type : {StatType::AGGREGATE, pool}) {
     auto& s = stat[static_cast<size_t>(type)];
     if (amount >= 0) {
@@ -114,23 +120,6 @@ size_t rounded_size(size_t nbytes) {
   return (nbytes + rounding - 1) / rounding * rounding;
 }
 
-c10::Device flagos_device(c10::DeviceIndex index) {
-  return c10::Device(c10::DeviceType::PrivateUse1, index);
-}
-
-c10::DeviceIndex current_device() {
-  return guard().getDevice().index();
-}
-
-// Sets the device and returns the previous one.
-c10::DeviceIndex exchange_device(c10::DeviceIndex device) {
-  return guard().exchangeDevice(flagos_device(device)).index();
-}
-
-void set_device(c10::DeviceIndex device) {
-  guard().setDevice(flagos_device(device));
-}
-
 // One mutex for the whole allocator: simple and correct. The CUDA accelerator uses torch's own CUDA
 // allocator instead (runtime/backed/), so this is not on the path that performance targets measure.
 class AllocatorState {
@@ -156,11 +145,12 @@ class AllocatorState {
     }
     block->requested = nbytes;
     live_[block->ptr] = block;
-    update_stat(st.stats.allocation, block->size, 1);
-    update_stat(st.stats.allocated_bytes, block->size, static_cast<int64_t>(block->size));
-    update_stat(st.stats.active, block->size, 1);
-    update_stat(st.stats.active_bytes, block->size, static_cast<int64_t>(block->size));
-    update_stat(st.stats.requested_bytes, block->size, static_cast<int64_t>(nbytes));
+    const StatType stat_pool = pool_of(block->size);
+    update_stat(st.stats.allocation, stat_pool, 1);
+    update_stat(st.stats.allocated_bytes, stat_pool, static_cast<int64_t>(block->size));
+    update_stat(st.stats.active, stat_pool, 1);
+    update_stat(st.stats.active_bytes, stat_pool, static_cast<int64_t>(block->size));
+    update_stat(st.stats.requested_bytes, stat_pool, static_cast<int64_t>(nbytes));
     if (C10_UNLIKELY(history_.enabled())) {
       if (history_.keeps_block_stacks()) block->context = context;
       history_.record(device, Action::kAlloc, address(block), nbytes, stream, std::move(context));
@@ -195,9 +185,10 @@ class AllocatorState {
     Block* block = it->second;
     live_.erase(it);
     DeviceState& st = state(block->device);
-    update_stat(st.stats.allocation, block->size, -1);
-    update_stat(st.stats.allocated_bytes, block->size, -static_cast<int64_t>(block->size));
-    update_stat(st.stats.requested_bytes, block->size, -static_cast<int64_t>(block->requested));
+    const StatType stat_pool = pool_of(block->size);
+    update_stat(st.stats.allocation, stat_pool, -1);
+    update_stat(st.stats.allocated_bytes, stat_pool, -static_cast<int64_t>(block->size));
+    update_stat(st.stats.requested_bytes, stat_pool, -static_cast<int64_t>(block->requested));
     block->context.reset();
     if (C10_UNLIKELY(history_.enabled())) {
       history_.record(block->device, Action::kFreeRequested, address(block), block->requested, block->stream,
@@ -415,8 +406,9 @@ class AllocatorState {
     }
     hal().free(block->ptr);
     st.stats.num_device_free += 1;
-    update_stat(st.stats.segment, block->size, -1);
-    update_stat(st.stats.reserved_bytes, block->size, -static_cast<int64_t>(block->size));
+    const StatType stat_pool = pool_of(block->size);
+    update_stat(st.stats.segment, stat_pool, -1);
+    update_stat(st.stats.reserved_bytes, stat_pool, -static_cast<int64_t>(block->size));
     delete block;
   }
 
@@ -466,14 +458,16 @@ class AllocatorState {
       history_.record(device, Action::kSegmentAlloc, address(block), size, stream, nullptr);
     }
     st.stats.num_device_alloc += 1;
-    update_stat(st.stats.segment, size, 1);
-    update_stat(st.stats.reserved_bytes, size, static_cast<int64_t>(size));
+    const StatType stat_pool = pool_of(size);
+    update_stat(st.stats.segment, stat_pool, 1);
+    update_stat(st.stats.reserved_bytes, stat_pool, static_cast<int64_t>(size));
     return block;
   }
 
   void return_to_cache(DeviceState& st, Block* block) {
-    update_stat(st.stats.active, block->size, -1);
-    update_stat(st.stats.active_bytes, block->size, -static_cast<int64_t>(block->size));
+    const StatType stat_pool = pool_of(block->size);
+    update_stat(st.stats.active, stat_pool, -1);
+    update_stat(st.stats.active_bytes, stat_pool, -static_cast<int64_t>(block->size));
     if (C10_UNLIKELY(history_.enabled())) {
       history_.record(block->device, Action::kFreeCompleted, address(block), block->requested, block->stream,
                       nullptr);

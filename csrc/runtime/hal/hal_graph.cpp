@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/graph.h"
 #include "runtime/hal/hal_parts.h"
 #include "runtime/hal/hal_streams.h"
@@ -39,7 +40,7 @@ class HalGraph final : public DeviceGraph, public capture::Recording {
     TORCH_CHECK(!has_graph_ && !capturing_,
                 "This FlagosGraph instance already owns a captured graph (or a capture underway). To capture "
                 "a new graph, create a new instance or call reset() first.");
-    const c10::DeviceIndex device = guard().getDevice().index();
+    const c10::DeviceIndex device = current_device();
     const c10::Stream stream = current_stream(device);
     TORCH_CHECK(stream != default_stream(device),
                 "flagos graphs must be captured on a non-default stream. (However, after capture, it's ok "

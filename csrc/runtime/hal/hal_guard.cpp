@@ -1,5 +1,5 @@
 // c10's DeviceGuardImplInterface over the HAL: devices (the HAL keeps the current one per thread, like
-// cudaSetDevice), streams (hal_streams.h) and events.
+// cudaSetDevice, and the runtime keeps a copy: runtime/device.cpp), streams (hal_streams.h) and events.
 #include <c10/util/Exception.h>
 
 #include "runtime/graph.h"
@@ -16,15 +16,17 @@ flagos_event_t as_event(void* event) {
   return static_cast<flagos_event_t>(event);
 }
 
+// The HAL's current device of this thread. The runtime keeps it per thread (runtime/device.cpp) and asks
+// here once per thread; setting goes through the runtime too, so the two agree.
 c10::DeviceIndex get_device() {
   int device = 0;
-  check_hal(hal().get_device(&device), "flagos_get_device");
+  check_hal(hal_table().get_device(&device), "flagos_get_device");
   return static_cast<c10::DeviceIndex>(device);
 }
 
 void set_device(c10::DeviceIndex device) {
   check_device_index(device);
-  check_hal(hal().set_device(device), "flagos_set_device");
+  check_hal(hal_table().set_device(device), "flagos_set_device");
 }
 
 struct HalGuard final : public c10::impl::DeviceGuardImplInterface {

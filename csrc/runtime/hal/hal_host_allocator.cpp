@@ -10,18 +10,11 @@
 #include <mutex>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/hal_runtime.h"
 
 namespace flagos::runtime::hal_mode {
 namespace {
-
-c10::DeviceIndex exchange_device(c10::DeviceIndex device) {
-  return guard().exchangeDevice(c10::Device(c10::DeviceType::PrivateUse1, device)).index();
-}
-
-void set_device(c10::DeviceIndex device) {
-  guard().setDevice(c10::Device(c10::DeviceType::PrivateUse1, device));
-}
 
 struct HostBlock {
   void* ptr;

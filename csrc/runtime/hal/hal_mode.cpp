@@ -17,8 +17,8 @@ class HalMode final : public RuntimeMode {
   void init() override { install_host_kernel_allocator(); }
   std::optional<c10::DeviceType> backing_type() const override { return std::nullopt; }
 
-  const c10::impl::DeviceGuardImplInterface& guard() const override { return hal_mode::guard(); }
-  c10::DeviceAllocator& allocator() override { return device_allocator(); }
+  const c10::impl::DeviceGuardImplInterface& guard() const override { return guard_; }
+  c10::DeviceAllocator& allocator() override { return allocator_; }
   at::HostAllocator& host_allocator() override { return hal_mode::host_allocator(); }
 
   bool has_primary_context(c10::DeviceIndex /*device*/) const override { return is_initialized(); }
@@ -65,7 +65,10 @@ class HalMode final : public RuntimeMode {
   }
 
   void synchronize(const c10::Stream& stream) const override { hal_mode::synchronize(stream); }
-  flagos_stream_t launch_stream(const c10::Stream& stream) const override { return hal_stream(stream); }
+  flagos_stream_t launch_stream(const c10::Stream& stream) const override {
+    hal_mode::check_stream(stream);  // a kernel launch's stream may come from the user
+    return hal_stream(stream);
+  }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {
     return owned_memory_device(ptr);
@@ -90,11 +93,18 @@ class HalMode final : public RuntimeMode {
     hal_mode::record_memory_history(options);
   }
   std::vector<DeviceMemorySnapshot> memory_snapshot() override { return hal_mode::memory_snapshot(); }
+
+ private:
+  const c10::impl::DeviceGuardImplInterface& guard_ = hal_mode::guard();
+  c10::DeviceAllocator& allocator_ = device_allocator();
 };
 
 }  // namespace
 
-RuntimeMode* make_mode() {
+const hal::HalTable* g_table = nullptr;
+
+RuntimeMode* make_mode(const hal::HalTable& table) {
+  g_table = &table;
   static auto* mode = new HalMode();  // leaked, like the state it fronts
   return mode;
 }

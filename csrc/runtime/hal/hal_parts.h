@@ -4,6 +4,7 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <flagos/loader.h>
 
 #include <memory>
 #include <optional>
@@ -13,6 +14,15 @@
 #include "runtime/memory_history.h"
 
 namespace flagos::runtime::hal_mode {
+
+extern const hal::HalTable* g_table;  // set by make_mode (hal_mode.cpp)
+
+// The HAL this mode runs on, fixed when the mode is made (hal_mode.cpp), before any of its parts runs. The
+// parts call it without hal()'s per-call checks (fork, availability): the runtime checks those once, where
+// it is entered (runtime/mode.h active_mode()).
+inline const hal::HalTable& hal_table() {
+  return *g_table;
+}
 
 // Devices, streams and events over the HAL (hal_guard.cpp).
 const c10::impl::DeviceGuardImplInterface& guard();

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "runtime/device.h"
+#include "runtime/hal/hal_parts.h"
 #include "runtime/hal_runtime.h"
 
 namespace flagos::runtime::hal_mode {
@@ -28,8 +30,8 @@ std::vector<DeviceStreams>& all_streams() {
   return *streams;
 }
 
+// `device` is valid: every caller checked it.
 DeviceStreams& streams_of(c10::DeviceIndex device) {
-  check_device_index(device);
   return all_streams()[static_cast<size_t>(device)];
 }
 
@@ -49,10 +51,6 @@ int hal_priority_for_level(int level) {
   return level == 0 ? least : greatest;
 }
 
-c10::Device flagos_device(c10::DeviceIndex index) {
-  return c10::Device(c10::DeviceType::PrivateUse1, index);
-}
-
 }  // namespace
 
 void check_stream(const c10::Stream& stream) {
@@ -64,9 +62,8 @@ void check_stream(const c10::Stream& stream) {
 }
 
 flagos_stream_t hal_stream(const c10::Stream& stream) {
-  check_stream(stream);
   DeviceStreams& ds = streams_of(stream.device_index());
-  const hal::HalTable& h = hal();
+  const hal::HalTable& h = hal_table();
   if (stream.id() == 0) {
     std::call_once(ds.default_once, [&] {
       check_hal(h.stream_get_default(stream.device_index(), &ds.default_handle), "flagos_stream_get_default");
@@ -83,12 +80,10 @@ flagos_stream_t hal_stream(const c10::Stream& stream) {
 }
 
 c10::Stream current_stream(c10::DeviceIndex device) {
-  check_device_index(device);
   return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), thread_current_ids()[device]);
 }
 
 c10::Stream default_stream(c10::DeviceIndex device) {
-  check_device_index(device);
   return c10::Stream(c10::Stream::UNSAFE, flagos_device(device), 0);
 }
 
@@ -114,7 +109,7 @@ int stream_priority(const c10::Stream& stream) {
 }
 
 void synchronize(const c10::Stream& stream) {
-  check_hal(hal().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
+  check_hal(hal_table().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
 }
 
 }  // namespace flagos::runtime::hal_mode

@@ -14,9 +14,11 @@ namespace flagos::runtime::hal_mode {
 constexpr int kStreamsPerPool = 32;
 constexpr int kPriorityLevels = 2;
 
-// The HAL handle behind a flagos stream (creates the pool stream on first use).
+// The HAL handle behind a flagos stream (creates the pool stream on first use). `stream` is valid
+// (check_stream): the runtime's forwarders check the streams torch or the user hand them, once.
 flagos_stream_t hal_stream(const c10::Stream& stream);
 
+// `device` is a valid index (the runtime's forwarders check what they are handed).
 c10::Stream current_stream(c10::DeviceIndex device);
 c10::Stream default_stream(c10::DeviceIndex device);
 // Round-robin over the pool of the priority's level (priority < 0 is high priority, as in CUDA).
