@@ -18,7 +18,9 @@ SIM = {"FLAGOS_ACCELERATOR": "sim"}
 
 
 def _env(**extra):
-    env = python_env({**SIM, **extra})
+    # This process's PYTHONPATH is kept: where packages come from a folder on it (expecttest for the
+    # sweep's OpInfo samples, on a machine without network), the scenarios need them too.
+    env = python_env({**SIM, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), **extra})
     return {k: v for k, v in env.items() if k in ("PYTHONPATH", *SIM, *extra)}
 
 
