@@ -237,6 +237,23 @@ class Workload:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return os.path.join(saved, f"train-{self.device}-{digest}.json")
 
+    def in_fresh_process(self, function: str, config_file: str, env: dict | None = None, **kwargs):
+        """``function`` (``"module:function"``) of this device's model and training ids in a fresh process:
+        one that never imports torch_fl for the reference, one that does with the routing config
+        ``config_file`` for flagos; ``env`` adds to its environment."""
+        env = dict(env or {})
+        if self.device == "flagos":
+            env["FLAGOS_BACKEND_CONFIG"] = config_file
+        return processes.run_in_clean_process(
+            function,
+            self.spec,
+            env=env,
+            with_torch_fl=self.device == "flagos",
+            device=self.device,
+            ids=self.train_ids,
+            **kwargs,
+        )
+
     def train_elsewhere(
         self,
         repeats: int,
@@ -262,16 +279,10 @@ class Workload:
             print(f"  .. train on {self.device}: taken from {path} (run {record['when']})", flush=True)
             return record["first"], record["times"]
         with tempfile.TemporaryDirectory(prefix="torch_fl_qwen3_caches_") as caches:
-            env = _fresh_compiler_caches(caches) if compile else {}
-            if self.device == "flagos":
-                env["FLAGOS_BACKEND_CONFIG"] = config_file
-            times = processes.run_in_clean_process(
+            times = self.in_fresh_process(
                 "benchmarks.common:time_train_steps",
-                self.spec,
-                env=env,
-                with_torch_fl=self.device == "flagos",
-                device=self.device,
-                ids=self.train_ids,
+                config_file,
+                _fresh_compiler_caches(caches) if compile else {},
                 repeats=repeats,
                 compile=compile,
                 warmup=warmup,

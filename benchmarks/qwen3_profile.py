@@ -134,22 +134,11 @@ def host_diff(ref, fl, n: int, rec, tag: str, model: str) -> None:
 def train_host_diff(ref, fl, n: int, rec, tag: str, model: str, config_file: str) -> None:
     """Where flagos's eager training step spends host time beyond the reference's: each device's step in a
     fresh process of its own (``benchmarks.common.profile_train_steps``; flagos's with ``config_file``), its
-    phases timed, then profiled; profiler events by the difference of their self host time. Records
+    phases timed, then profiled (``Workload.in_fresh_process``); profiler events by the difference of their self host time. Records
     flagos's self host time over the reference's."""
     from benchmarks import host_time_diff
 
-    runs = {}
-    for work in (ref, fl):
-        env = {"FLAGOS_BACKEND_CONFIG": config_file} if work.device == "flagos" else {}
-        runs[work.device] = processes.run_in_clean_process(
-            "benchmarks.common:profile_train_steps",
-            work.spec,
-            env=env,
-            with_torch_fl=work.device == "flagos",
-            device=work.device,
-            ids=work.train_ids,
-        )
-    r, f = runs[ref.device], runs["flagos"]
+    r, f = (work.in_fresh_process("benchmarks.common:profile_train_steps", config_file) for work in (ref, fl))
     print(f"  one eager training step, each device in a process of its own ({ref.device} / flagos, ms):")
     for phase, seconds in r["phases"].items():
         flagos_seconds = f["phases"][phase]

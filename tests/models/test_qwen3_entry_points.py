@@ -211,6 +211,15 @@ def test_benchmark_top_ops(run_python, qwen3):
     assert all(int(match[2]) > 0 and match[6] != "?" for match in rows), result.stdout
 
 
+def _paired_train_row(out: str, size: str, blocks: int) -> re.Match:
+    """The table's train-step row of a side-by-side run: both times positive and the pairs' median and range
+    over ``blocks`` paired blocks (the whole row is match 0)."""
+    row = re.search(rf"train step {size} \(ms\)\s+([\d.]+)\s+([\d.]+)\s+time [\d.]+\s+(.*)", out)
+    assert row and float(row[1]) > 0 and float(row[2]) > 0, out
+    assert re.fullmatch(rf"[\d.]+  \([\d.]+-[\d.]+ over {blocks}\)", row[3].strip()), out
+    return row
+
+
 @pytest.mark.slow
 def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     """benchmarks/qwen3.py --compile --side-by-side: the two compiled training processes run at the same
@@ -222,9 +231,7 @@ def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
     result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
     out = result.stdout
-    row = re.search(r"train step 1x8 \(ms\)\s+([\d.]+)\s+([\d.]+)\s+time [\d.]+\s+(.*)", out)
-    assert row and float(row[1]) > 0 and float(row[2]) > 0, out
-    assert re.fullmatch(r"[\d.]+  \([\d.]+-[\d.]+ over 4\)", row[3].strip()), out
+    row = _paired_train_row(out, "1x8", blocks=4)
     assert re.search(r"first train call \(s\)\s+[\d.]+\s+[\d.]+", out), out
     # Again with the saved runs: both are taken (one taken alone would leave the other running alone).
     again = run_python("", args=args, timeout=TIMEOUT_S)
@@ -245,9 +252,7 @@ def test_benchmark_eager_training_side_by_side_with_host_diff(run_python, qwen3)
     result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
     out = result.stdout
-    row = re.search(r"train step 1x8 \(ms\)\s+([\d.]+)\s+([\d.]+)\s+time [\d.]+\s+(.*)", out)
-    assert row and float(row[1]) > 0 and float(row[2]) > 0, out
-    assert re.fullmatch(r"[\d.]+  \([\d.]+-[\d.]+ over 4\)", row[3].strip()), out
+    _paired_train_row(out, "1x8", blocks=4)
     for phase in ("forward", "backward", "optimizer"):
         assert re.search(rf"\n    {phase} +[\d.]+ +[\d.]+   [\d.]+x\n", out), out
     table = out.split("self host time of one profiled step, all events:")[1].splitlines()[1:]
