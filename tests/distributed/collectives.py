@@ -132,9 +132,10 @@ def all_to_all(dev):
     dist.all_to_all_single(uneven, x2, out_splits, in_splits)
     inputs = [data((2,), seed=40 + j).to(dev) for j in range(WORLD)]
     outputs = [torch.empty(2, device=dev) for _ in range(WORLD)]
-    if not _gloo_has_list_all_to_all() and type(flagos_backend().inner).__name__ == "ProcessGroupGloo":
-        # gloo before torch 2.13 has no list all_to_all, and the flagos backend over gloo hands the list
-        # form to gloo: on both devices the single-tensor form moves the same data.
+    served_by_gloo = dev == CPU or type(flagos_backend().inner).__name__ == "ProcessGroupGloo"
+    if served_by_gloo and not _gloo_has_list_all_to_all():
+        # gloo before torch 2.13 has no list all_to_all (CPU tensors, and the flagos backend over gloo hands
+        # the list form to gloo): there the single-tensor form moves the same data.
         flat = torch.empty(WORLD * 2, device=dev)
         dist.all_to_all_single(flat, torch.cat(inputs))
         outputs = list(flat.split(2))

@@ -107,11 +107,16 @@ def fresh_accelerate_state(monkeypatch):
     fixture's ``reset()`` does it again within the test."""
     from accelerate.state import AcceleratorState
 
+    # The variables set before the test are put back at its end (monkeypatch); those the test's own calls
+    # set (flagos_state() sets ACCELERATE_TORCH_DEVICE) are dropped, so no later test or child inherits them.
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(name)
+
     class Fresh:
         @staticmethod
         def reset() -> None:
             for name in [name for name in os.environ if name.startswith("ACCELERATE_")]:
-                monkeypatch.delenv(name)  # restored at the end of the test
+                del os.environ[name]
             AcceleratorState._reset_state(reset_partial_state=True)
 
     Fresh.reset()

@@ -48,6 +48,16 @@ def flat_parameters(module: torch.nn.Module) -> list[float]:
     return torch.cat([p.detach().float().cpu().reshape(-1) for p in module.parameters()]).tolist()
 
 
+def _check_reference_process(device: str) -> None:
+    """A reference run on another device than flagos: in a process without torch_fl (a CUDA backward
+    cannot run beside it) and without an accelerate device chosen for flagos in the environment."""
+    if device == "cuda" and "torch_fl" in sys.modules:
+        raise RuntimeError("the cuda reference imported torch_fl: a CUDA backward cannot run beside it")
+    chosen = os.environ.get("ACCELERATE_TORCH_DEVICE", "")
+    if chosen.startswith("flagos"):
+        raise RuntimeError(f"ACCELERATE_TORCH_DEVICE={chosen} in the {device} reference's environment")
+
+
 def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
@@ -75,7 +85,10 @@ def lightning_training(
     """``sample_order``: the order the one process takes the samples in (by default, as they are)."""
     import lightning.pytorch as L
 
-    import torch_fl.integrations.lightning  # noqa: F401  (registers accelerator="flagos" and its strategies)
+    if accelerator == "flagos":
+        import torch_fl.integrations.lightning  # noqa: F401  (registers accelerator="flagos" and its strategies)
+    else:
+        _check_reference_process(accelerator)
 
     class Regression(L.LightningModule):
         def __init__(self):
@@ -132,6 +145,8 @@ def accelerate_training(device: str, mixed_precision: str, steps: int, batch_siz
         from torch_fl.integrations.accelerate import flagos_state
 
         flagos_state()
+    else:
+        _check_reference_process(device)
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
     assert accelerator.device.type == device, f"accelerate chose {accelerator.device}, not {device}"
     net = network()
@@ -178,7 +193,11 @@ def hf_trainer_training(
 
     from transformers import Trainer, TrainingArguments
 
-    from torch_fl.integrations.transformers import FlagosTrainingArguments
+    if device == "flagos":
+        from torch_fl.integrations.transformers import FlagosTrainingArguments as arguments
+    else:
+        _check_reference_process(device)
+        arguments = TrainingArguments
 
     class Regression(torch.nn.Module):
         def __init__(self):
@@ -201,7 +220,6 @@ def hf_trainer_training(
         def __getitem__(self, index):
             return {"x": self.x[index], "labels": self.y[index]}
 
-    arguments = FlagosTrainingArguments if device == "flagos" else TrainingArguments
     with tempfile.TemporaryDirectory(prefix="flagos_hf_trainer_") as output_dir:
         args = arguments(
             output_dir=output_dir,

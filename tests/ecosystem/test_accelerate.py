@@ -85,6 +85,7 @@ def test_one_process_bf16_trains_on_flagos_as_on_cuda(
     fresh_accelerate_state, train_on_cuda_in_a_clean_process
 ):
     flagos = ecosystem_training.accelerate_training("flagos", "bf16", steps=4, batch_size=16)
+    fresh_accelerate_state.reset()  # the reference process inherits no ACCELERATE_TORCH_DEVICE=flagos
     cuda = train_on_cuda_in_a_clean_process(
         "accelerate_training", device="cuda", mixed_precision="bf16", steps=4, batch_size=16
     )

@@ -80,6 +80,7 @@ def test_one_process_bf16_trains_on_flagos_as_on_cuda(
     kw = dict(steps=4, batch_size=16, optim="adamw_torch", lr_scheduler_type="linear", max_grad_norm=1.0)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     flagos = ecosystem_training.hf_trainer_training("flagos", **kw)
+    fresh_accelerate_state.reset()  # the reference process inherits no ACCELERATE_TORCH_DEVICE=flagos
     cuda = train_on_cuda_in_a_clean_process(
         "hf_trainer_training", env={"ACCELERATE_MIXED_PRECISION": "bf16"}, device="cuda", **kw
     )
