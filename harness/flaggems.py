@@ -7,6 +7,9 @@ Importing this module does not import torch_fl (harness/__init__.py); what needs
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 
 from harness import opinfo as opinfo_harness
@@ -234,10 +237,35 @@ PRIORITY_OPS = (
 )
 
 
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """Native kernels that accumulate with atomics (scatter_add and index_add in backward passes) give
+    bits that vary from run to run: their deterministic versions, where torch has them, for the replay
+    check (warn_only: an op without one runs as it is, and the check sees it vary)."""
+    import torch.utils.deterministic
+
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    # Deterministic mode also fills every new tensor with NaN; the wrappers' own allocations stay as they are.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+            warnings.filterwarnings("ignore", message=".*CUBLAS_WORKSPACE_CONFIG.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def check_replay(opinfo, sample, op: str, variant: str) -> tuple[str, str]:
     """Whether `sample`'s call of `op` (routed to flaggems) replays bitwise: its result on the Python path
     (replay off) against the same call replayed from its recorded launches, inputs and random seed alike.
-    ('bitwise'|'differs'|'not-replayed', message)."""
+    ('bitwise'|'differs'|'nondeterministic'|'not-replayed', message): 'nondeterministic' when the replayed
+    result differs but so do two runs of the Python path (another kernel of the sample varies from run to
+    run); such a sample is checked again with torch's deterministic algorithms, where they can run it."""
     from torch_fl import routing
 
     def run():
@@ -246,27 +274,49 @@ def check_replay(opinfo, sample, op: str, variant: str) -> tuple[str, str]:
         out = run_variant(opinfo, variant, dut)
         return [*opinfo_harness._tensors(out), *([dut.input] if variant == "inplace" else [])]
 
+    def run_in_python():
+        routing.set_replay(False)
+        try:
+            return run()
+        finally:
+            routing.set_replay(True)
+
     def replayed() -> int:
         return routing.replay_counts()["ops"].get(op, {}).get("replayed", 0)
 
-    routing.set_replay(False)
-    try:
-        python_path = run()
-    finally:
-        routing.set_replay(True)
-    for _ in range(2):  # record until two recordings agree (compare_sample made the first)
-        run()
-    before, refused = replayed(), dict(routing.replay_counts()["refused"])
-    last = run()
-    if replayed() == before:
-        now = routing.replay_counts()["refused"]
-        reasons = [why for why, n in now.items() if n > refused.get(why, 0)]
-        return "not-replayed", "; ".join(reasons)[:200] or "recordings did not settle"
-    try:
-        for expected, actual in zip(python_path, last, strict=True):
-            torch.testing.assert_close(
-                opinfo_harness.to_cpu(actual), opinfo_harness.to_cpu(expected), rtol=0, atol=0, equal_nan=True
-            )
-    except Exception as exc:  # noqa: BLE001
-        return "differs", "replayed result differs from the Python path's: " + mismatch_message(exc)
-    return "bitwise", ""
+    def difference(expected, actual) -> str:
+        try:
+            for e, a in zip(expected, actual, strict=True):
+                torch.testing.assert_close(
+                    opinfo_harness.to_cpu(a), opinfo_harness.to_cpu(e), rtol=0, atol=0, equal_nan=True
+                )
+        except Exception as exc:  # noqa: BLE001
+            return mismatch_message(exc)
+        return ""
+
+    def attempt() -> tuple[str, str]:
+        python_path = run_in_python()
+        for _ in range(2):  # record until two recordings agree (compare_sample made the first)
+            run()
+        before, refused = replayed(), dict(routing.replay_counts()["refused"])
+        last = run()
+        if replayed() == before:
+            now = routing.replay_counts()["refused"]
+            reasons = [why for why, n in now.items() if n > refused.get(why, 0)]
+            return "not-replayed", "; ".join(reasons)[:200] or "recordings did not settle"
+        differs = difference(python_path, last)
+        if not differs:
+            return "bitwise", ""
+        varies = difference(python_path, run_in_python())
+        if varies:
+            return "nondeterministic", "two runs of the Python path differ too: " + varies
+        return "differs", "replayed result differs from the Python path's: " + differs
+
+    status, message = attempt()
+    if status == "nondeterministic":
+        try:
+            with _deterministic_algorithms():
+                return attempt()
+        except Exception:  # noqa: BLE001  (torch's deterministic kernels refuse some samples: 0-dim index_add)
+            pass
+    return status, message

@@ -22,7 +22,7 @@
 # "--map-in FILE", an earlier run's flaggems_sweep.json, skips the discovery of which OpInfos reach which op;
 # "--resume FILE" goes on from an earlier sweep). GEMS_CANDIDATE=FILE skips the OpInfo sweep and the pytest
 # and gives the model sweep FILE (keep it in torch_fl/configs/ so that its `include cuda.conf` resolves).
-# GEMS_BENCH=0 leaves the benchmarks out, GEMS_MODEL_SWEEP=0 the model-shape sweep. GPU_SKIP_INSTALL=1: the
+# GEMS_BENCH=0 leaves the benchmarks out, GEMS_MODEL_SWEEP=0 the model-shape sweep, GEMS_PYTEST=0 the pytest. GPU_SKIP_INSTALL=1: the
 # wheels of .whl/ are in /tmp/site already.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -61,11 +61,15 @@ if [ -z "$CANDIDATE" ]; then
   # test_flaggems.py and test_flaggems_sweeps.py: the CPU-side behaviour with a real FlagGems installed (the
   # slow sweep self-test is left out: the real sweep runs beside).
   # faulthandler_timeout: a test that takes longer dumps every thread's stack (a hang says where it is).
-  timeout "$PYTEST_S" python3 -m pytest tests/flaggems/test_flaggems_kernels.py tests/flaggems/test_flaggems.py \
-    tests/tools/test_flaggems_sweeps.py -m "not slow" -q -p no:cacheprovider -rfEs \
-    -o faulthandler_timeout=$((PYTEST_S / 2)) --durations=10 2>&1 | tee -a "$LOG"
-  pytest_status=${PIPESTATUS[0]}
-  say "pytest exit status $pytest_status (124: time limit)"
+  if [ "${GEMS_PYTEST:-1}" = 0 ]; then
+    say "pytest left out (GEMS_PYTEST=0)"
+  else
+    timeout "$PYTEST_S" python3 -m pytest tests/flaggems/test_flaggems_kernels.py tests/flaggems/test_flaggems.py \
+      tests/tools/test_flaggems_sweeps.py -m "not slow" -q -p no:cacheprovider -rfEs \
+      -o faulthandler_timeout=$((PYTEST_S / 2)) --durations=10 2>&1 | tee -a "$LOG"
+    pytest_status=${PIPESTATUS[0]}
+    say "pytest exit status $pytest_status (124: time limit)"
+  fi
   wait "$sweep_pid"
   say "sweep log"
   cat "$DIR/sweep.log" >> "$LOG"

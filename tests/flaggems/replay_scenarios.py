@@ -406,7 +406,8 @@ def graph_replays_the_plan():
 
 def sweep_replay_check():
     """tools/flaggems_sweep.py's --replay-check on OpInfo samples: the replayed result against the Python
-    path's, bitwise; a wrapper whose later calls launch differently from its first is caught."""
+    path's, bitwise; a wrapper whose recordings launch differently from its Python path is caught; a sample
+    whose Python path itself varies is told apart."""
     from harness import opinfo as opinfo_harness
     from harness.flaggems import check_replay
 
@@ -427,11 +428,9 @@ def sweep_replay_check():
         with routing.override({"aten::neg": "flaggems"}):
             status, why = check_replay(db["neg"], neg, "aten::neg", "")
         assert (status, why) == ("not-replayed", "reads device data on the host (aten::item)"), (status, why)
-        calls = []
 
-        def drifting_add(x, y, *, alpha=1):  # its first call adds once more than every later one
-            calls.append(1)
-            return impl(x, y, alpha=alpha + (1 if len(calls) == 1 else 0))
+        def drifting_add(x, y, *, alpha=1):  # hidden state: on the Python path it adds once more
+            return impl(x, y, alpha=alpha + (0 if routing.replay_enabled() else 1))
 
         _C._routing_set_flaggems_impl(op, drifting_add)
         try:
@@ -439,6 +438,16 @@ def sweep_replay_check():
         finally:
             _C._routing_set_flaggems_impl(op, impl)
         assert status == "differs" and "differs from the Python path" in why, (status, why)
+
+        class VaryingAfterAdd:  # the sample's other (native) kernel varies from run to run, even in
+            calls = 0  # torch's deterministic mode
+
+            def __call__(self, x, y, **kwargs):
+                VaryingAfterAdd.calls += 1
+                return torch.add(x, y, **kwargs).mul_(1.0 + VaryingAfterAdd.calls)
+
+        status, why = check_replay(VaryingAfterAdd(), samples[0], op, "")
+        assert status == "nondeterministic" and "two runs of the Python path differ too" in why, (status, why)
 
 
 SCENARIOS = [
