@@ -33,6 +33,12 @@ def has_variant(opinfo, variant: str) -> bool:
     return True
 
 
+def sample_applies(sample, variant: str) -> bool:
+    """Whether `sample` can run the `variant` way: an ``as_tuple=True`` call (nonzero) returns a tuple,
+    which no out= overload writes."""
+    return not (variant == "out" and sample.kwargs.get("as_tuple") is True)
+
+
 def move_for_variant(sample, variant: str, device: str):
     """`sample` on `device`; for "grad" its tensors that require grad do on `device` too (leaves)."""
     if variant != "grad":

@@ -50,7 +50,15 @@ import torch
 
 from harness import opinfo as opinfo_harness
 from harness.flaggems import PRIORITY_OPS, CallCounter, check_replay, mismatch_message, tolerance
-from harness.opinfo_variants import VARIANTS, case_key, has_variant, move_for_variant, run_variant, split_case
+from harness.opinfo_variants import (
+    VARIANTS,
+    case_key,
+    has_variant,
+    move_for_variant,
+    run_variant,
+    sample_applies,
+    split_case,
+)
 from tools.flaggems_common import (
     REFERENCE,
     add_worker_arguments,
@@ -171,7 +179,11 @@ def sweep_case(
         with opinfo_harness.time_limit(sample_timeout_s):
             samples = list(
                 _first(
-                    opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=variant == "grad"),
+                    (
+                        s
+                        for s in opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=variant == "grad")
+                        if sample_applies(s, variant)
+                    ),
                     max_samples if max_samples > 0 else None,
                 )
             )
@@ -292,7 +304,7 @@ def discover(
                             torch.manual_seed(0)
                             grad = variant == "grad"
                             samples = opinfo.sample_inputs(REFERENCE[0], dtype, requires_grad=grad)
-                            sample = next(iter(samples), None)
+                            sample = next((s for s in samples if sample_applies(s, variant)), None)
                             if sample is not None:
                                 run_variant(opinfo, variant, move_for_variant(sample, variant, "flagos"))
                     except Exception:  # noqa: BLE001  (a failing sample still says which ops it reached)

@@ -121,3 +121,20 @@ def test_turns_of_a_launch_of_several_ranks_are_marked_by_one(tmp_path):
         harness.processes.Turns(str(alone), 1, block=1, timeout_s=2).take(lambda: 1, 1)
     quiet.join(timeout=30)
     assert os.listdir(alone) == ["ready-1"]
+
+
+def test_out_variant_leaves_out_samples_that_ask_for_a_tuple():
+    """nonzero(as_tuple=True) returns a tuple, which nonzero.out cannot write: the sweep's out= variant
+    skips those samples and runs the others."""
+    import torch
+
+    from harness import opinfo as opinfo_harness
+    from harness.opinfo_variants import run_variant, sample_applies
+
+    samples = list(opinfo_harness.load_op_db()["nonzero"].sample_inputs("cpu", torch.float32))
+    kept = [s for s in samples if sample_applies(s, "out")]
+    assert 0 < len(kept) < len(samples)
+    assert all(sample_applies(s, "") for s in samples)
+    for sample in kept[:3]:
+        out = run_variant(opinfo_harness.load_op_db()["nonzero"], "out", sample)
+        torch.testing.assert_close(out, torch.nonzero(sample.input))
