@@ -504,16 +504,19 @@ void NativeCall::enter() {
   if (device->type() == kFlagos) traced_device_ = device->index();
   if (native().host_kernels) {
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land
-    // first, on the arguments' device and on the one their results are allocated on (the guard's). A
+    // first, on the arguments' device and on the one their results are allocated on (the guard's); a
+    // stream with nothing queued since its last wait is not asked (runtime::settle_current_stream). A
     // capturing stream has nothing queued by the capture (it records instead), and waiting for it is what a
     // capture forbids: the calls that run during a capture (views) do not wait.
     const c10::Device placement = *scope_in(scope_).placement();
     guard_.emplace(placement);
     const auto settle = [](c10::DeviceIndex index) {
-      const c10::Stream stream = runtime::current_stream(index);
-      if (!runtime::capture::underway() || runtime::capture::recording_for(stream) == nullptr) {
-        runtime::synchronize_stream(stream);
+      if (C10_LIKELY(!runtime::capture::underway())) {
+        runtime::settle_current_stream(index);
+        return;
       }
+      const c10::Stream stream = runtime::current_stream(index);
+      if (runtime::capture::recording_for(stream) == nullptr) runtime::synchronize_stream(stream);
     };
     settle(device->index());
     if (placement != *device) settle(placement.index());

@@ -198,7 +198,8 @@ class AllocatorState {
       for (c10::StreamId use : block->stream_uses) {
         flagos_event_t event = take_event(st, block->device);
         const c10::Stream stream(c10::Stream::UNSAFE, flagos_device(block->device), use);
-        check_hal(hal().event_record(event, hal_stream(stream)), "flagos_event_record");
+        check_hal(queue_on(stream, [&](flagos_stream_t s) { return hal().event_record(event, s); }),
+                  "flagos_event_record");
         st.pending.emplace_back(event, block);
         ++block->pending_events;
       }
