@@ -267,3 +267,25 @@ def test_host_kernels_wait_for_work_queued_on_their_stream(run_python):
         "joined_side_stream": True,
         "after_a_wait": True,
     }
+
+
+FIRST_CALL_ON_A_THREAD_SCRIPT = """
+import threading, torch, torch_fl
+torch.flagos.init()
+seen = []
+def first_call():
+    # The thread's first flagos call makes the HAL stream of the last device (a std::call_once).
+    stream = torch.flagos.default_stream(torch.flagos.device_count() - 1)
+    stream.synchronize()
+    seen.append(stream.query())
+worker = threading.Thread(target=first_call)
+worker.start()
+worker.join()
+print("RESULT " + str(seen == [True]).lower())
+"""
+
+
+def test_a_threads_first_call_may_make_a_stream(run_python):
+    """A stream first used by a thread other than the main one (a multiprocessing queue's feeder thread
+    sending a flagos tensor) is made there without crashing the process."""
+    assert run_python(FIRST_CALL_ON_A_THREAD_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim"}).check().json() is True
