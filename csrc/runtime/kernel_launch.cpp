@@ -92,9 +92,7 @@ void launch_kernel(KernelFunction function, const LaunchDims& dims, const void* 
   const flagos_launch_config_t config{{dims.grid[0], dims.grid[1], dims.grid[2]},
                                       {dims.block[0], dims.block[1], dims.block[2]},
                                       dims.shared_bytes};
-  check_hal(hal().launch_kernel(static_cast<flagos_function_t>(function), &config, params, params_size,
-                                mode().launch_stream(stream)),
-            "flagos_launch_kernel");
+  mode().launch_kernel(static_cast<flagos_function_t>(function), config, params, params_size, stream);
 }
 
 }  // namespace flagos::runtime

@@ -28,7 +28,9 @@
 #include "runtime/memory_history.h"
 #include "runtime/native_device.h"
 
-struct flagos_stream_s;  // the HAL's stream (flagos/hal.h's flagos_stream_t), opaque above the runtime
+// The HAL's kernel function and launch configuration (flagos/hal.h), opaque above the runtime.
+struct flagos_function_s;
+struct flagos_launch_config;
 
 namespace flagos::runtime {
 
@@ -71,8 +73,14 @@ class RuntimeMode {
                                     c10::DeviceIndex src_device, size_t nbytes) const = 0;
   // Waits for the work queued on `stream` (whether a capture allows it is the caller's check).
   virtual void synchronize(const c10::Stream& stream) const = 0;
-  // The HAL stream that kernels launched on `stream` go to (runtime/kernel_launch.h).
-  virtual flagos_stream_s* launch_stream(const c10::Stream& stream) const = 0;
+  // Queues HAL kernel `function` on `stream` (runtime/kernel_launch.h): the mode picks the HAL stream it
+  // goes to.
+  virtual void launch_kernel(flagos_function_s* function, const flagos_launch_config& config,
+                             const void* params, size_t params_size, const c10::Stream& stream) const = 0;
+  // Waits for the current stream of `device` on this thread where work may be pending on it; the caller
+  // checks that no capture forbids the wait. The HAL mode skips the wait when nothing was queued on the
+  // stream since a wait for it returned.
+  virtual void settle_current_stream(c10::DeviceIndex device) const = 0;
   // The flagos device of flagos memory whatever its label, nullopt for other memory.
   virtual std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const = 0;
   virtual NativeDevice native_device() const = 0;

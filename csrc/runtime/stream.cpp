@@ -46,4 +46,8 @@ void synchronize_stream(const c10::Stream& stream) {
   m.guard().synchronizeStream(stream);
 }
 
+void settle_current_stream(c10::DeviceIndex device) {
+  active_mode().settle_current_stream(device);
+}
+
 }  // namespace flagos::runtime

@@ -21,5 +21,9 @@ int stream_priority(const c10::Stream& stream);
 void check_stream(const c10::Stream& stream);
 // Waits for the work queued on `stream`.
 void synchronize_stream(const c10::Stream& stream);
+// Waits for the work queued on the current stream of valid device `device` on this thread, where there may
+// be some: on a HAL, nothing is asked of it when no work was queued on the stream since a wait for it
+// returned (runtime/hal/hal_streams.h). The caller checks that no capture forbids the wait.
+void settle_current_stream(c10::DeviceIndex device);
 
 }  // namespace flagos::runtime

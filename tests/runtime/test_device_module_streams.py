@@ -204,3 +204,88 @@ def test_stream_order_is_observable_with_delayed_sim(run_python):
     assert out["control_reused"] is True, "freed blocks should be reused by the caching allocator"
     assert out["busy_block_reused"] is False, "record_stream: block reused while its stream was busy"
     assert out["idle_block_reused"] is True, "block not reused after the recorded stream finished"
+
+
+QUEUED_WORK_SCRIPT = """
+import json, threading, torch, torch_fl
+out = {}
+n = 1 << 12
+src = (torch.arange(n, dtype=torch.float32) + 1).pin_memory()
+tripled = (src * 3).pin_memory()
+
+
+def fresh():
+    t = torch.zeros(n, device="flagos")
+    torch.flagos.synchronize()
+    return t
+
+
+# Nothing queued: the op runs at once, on what is there.
+x = fresh()
+out["idle"] = torch.equal((x + 1).cpu(), torch.ones(n))
+
+# A delayed copy on the current stream: the op waits for it.
+x = fresh()
+x.copy_(src, non_blocking=True)
+out["same_stream"] = torch.equal((x * 2).cpu(), src * 2)
+
+# Queued from another thread (on the same default stream): waited for all the same.
+x = fresh()
+worker = threading.Thread(target=lambda: x.copy_(src, non_blocking=True))
+worker.start()
+worker.join()
+out["other_thread"] = torch.equal((x * 2).cpu(), src * 2)
+
+# Queued on a side stream that the current stream waits for (wait_stream queues the wait).
+x = fresh()
+side = torch.flagos.Stream()
+with torch.flagos.stream(side):
+    x.copy_(src, non_blocking=True)
+torch.flagos.current_stream().wait_stream(side)
+out["joined_side_stream"] = torch.equal((x * 2).cpu(), src * 2)
+
+# Work queued after a completed wait is waited for again.
+x = fresh()
+x.copy_(src, non_blocking=True)
+torch.flagos.current_stream().synchronize()
+x.copy_(tripled, non_blocking=True)
+out["after_a_wait"] = torch.equal((x * 1).cpu(), tripled)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_host_kernels_wait_for_work_queued_on_their_stream(run_python):
+    """On the simulated accelerator with every stream task delayed, an op (a host kernel) sees the async copies
+    queued before it on its stream: on this thread, from another thread, through wait_stream from a side
+    stream, and after an earlier wait returned; with nothing queued it runs at once."""
+    env = {"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_STREAM_DELAY_US": "100000"}
+    out = run_python(QUEUED_WORK_SCRIPT, env=env).check().json()
+    assert out == {
+        "idle": True,
+        "same_stream": True,
+        "other_thread": True,
+        "joined_side_stream": True,
+        "after_a_wait": True,
+    }
+
+
+FIRST_CALL_ON_A_THREAD_SCRIPT = """
+import threading, torch, torch_fl
+torch.flagos.init()
+seen = []
+def first_call():
+    # The thread's first flagos call makes the HAL stream of the last device (a std::call_once).
+    stream = torch.flagos.default_stream(torch.flagos.device_count() - 1)
+    stream.synchronize()
+    seen.append(stream.query())
+worker = threading.Thread(target=first_call)
+worker.start()
+worker.join()
+print("RESULT " + str(seen == [True]).lower())
+"""
+
+
+def test_a_threads_first_call_may_make_a_stream(run_python):
+    """A stream first used by a thread other than the main one (a multiprocessing queue's feeder thread
+    sending a flagos tensor) is made there without crashing the process."""
+    assert run_python(FIRST_CALL_ON_A_THREAD_SCRIPT, env={"FLAGOS_ACCELERATOR": "sim"}).check().json() is True

@@ -21,6 +21,8 @@
 namespace flagos::ops {
 
 struct AliasedTensor {
+  AliasedTensor(at::Tensor&& alias, const c10::TensorImpl* caller)
+      : native(std::move(alias)), flagos(caller) {}
   at::Tensor native;              // the alias: the call's
   const c10::TensorImpl* flagos;  // the caller's tensor, alive through the call
 };
@@ -42,7 +44,7 @@ class AliasLookup {
 
   // Adds an alias; the reference is valid until the next add().
   const at::Tensor& add(at::Tensor&& native, const c10::TensorImpl* flagos) {
-    tensors_.push_back({std::move(native), flagos});
+    tensors_.emplace_back(std::move(native), flagos);
     const auto last = static_cast<uint32_t>(tensors_.size() - 1);
     if (index_ != nullptr) {
       index_->by_flagos_storage.emplace(flagos_storage(tensors_[last]), last);

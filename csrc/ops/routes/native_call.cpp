@@ -26,9 +26,10 @@
 #include "runtime/stream.h"
 
 namespace flagos::ops {
-namespace {
 
 using namespace native_memory;  // the memory half of the aliasing (ops/routes/native_memory.h)
+
+namespace {
 
 // Copies take tensors of different devices (flagos and cuda, say); every other op wants them on one.
 bool takes_mixed_devices(const c10::OperatorName& name) {
@@ -48,19 +49,22 @@ struct SharedResult {
   c10::Storage native;
 };
 
+}  // namespace
+
 // Everything aliased for one call, so that outputs can be mapped back.
 class AliasScope {
  public:
-  // What the scope holds follows the call's kind (NativeCall::Kind).
-  AliasScope(c10::DeviceType native_type, NativeCall::Kind kind, bool same_device)
-      : native_type_(native_type),
+  // What the scope holds follows the call's kind (NativeCall::Kind); `native` is native().
+  AliasScope(const runtime::NativeDevice& native, NativeCall::Kind kind, bool same_device)
+      : native_(native),
+        native_type_(native.type),
         recycler_(kind == NativeCall::kPython ? nullptr : &AliasRecycler::local()),
         hold_args_(kind != NativeCall::kUnboxedKernel),
         same_device_(same_device) {}
   // For a call of `op`: its tensors on one device unless it is a copy (asked only when they are not, which
   // spares every other call the name comparisons).
-  AliasScope(c10::DeviceType native_type, NativeCall::Kind kind, const c10::OperatorName& op)
-      : AliasScope(native_type, kind, /*same_device=*/true) {
+  AliasScope(const runtime::NativeDevice& native, NativeCall::Kind kind, const c10::OperatorName& op)
+      : AliasScope(native, kind, /*same_device=*/true) {
     op_ = &op;
   }
   AliasScope(const AliasScope&) = delete;
@@ -70,7 +74,8 @@ class AliasScope {
     layouts_.reset();                  // first: sparse aliases and adopted members hold members' aliases
     if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
     for (AliasedTensor& a : aliases_.all()) {
-      if (native_layouts::has_members(a.native)) continue;  // a quantized alias owns its borrow: dropped
+      // A quantized alias owns its borrow: dropped.
+      if (C10_UNLIKELY(quantized_aliases_) && native_layouts::has_members(a.native)) continue;
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
       if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
       if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
@@ -79,7 +84,7 @@ class AliasScope {
         runtime::keep_borrowed_owner(*storage.unsafeGetStorageImpl());
         continue;
       }
-      recycler_->put(std::move(a.native), native_type_);
+      recycler_->put(std::move(a.native), native_);
     }
   }
 
@@ -109,7 +114,7 @@ class AliasScope {
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
       native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
     } else if (recycler_ != nullptr) {
-      native = recycler_->alias_of(t, native_type_);
+      native = recycler_->alias_of(t, native_);
     } else {
       native = tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),
                                             c10::GetAllocator(native_type_)),
@@ -275,7 +280,7 @@ class AliasScope {
   // thread pool worker allocated, a CPU argument returned) is not flagos memory, so its values are copied.
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
     const c10::Storage& storage = out.storage();
-    if (native().host_kernels && !holds_flagos_memory(storage)) {
+    if (native_.host_kernels && !holds_flagos_memory(storage)) {
       if (C10_UNLIKELY(out.is_quantized())) return flagos_tensor_over(flagos_copy_of(storage), out);
       at::Tensor result =
           at::empty_strided(out.sizes(), out.strides(), out.options().device(flagos_target()));
@@ -291,10 +296,10 @@ class AliasScope {
     if (can_take_memory(storage, /*holders=*/1)) {
       const size_t nbytes = storage.nbytes();
       flagos = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, take_memory(storage, device),
-                            native().flagos_allocator, /*resizable=*/true);
+                            native_.flagos_allocator, /*resizable=*/true);
     } else {
       // Shared (several outputs view it): borrow it, and remember it so the other outputs map onto it.
-      flagos = borrowed_storage(storage, device, native().flagos_allocator);
+      flagos = borrowed_storage(storage, device, native_.flagos_allocator);
       shared_results_.push_back({flagos, storage});
     }
     return flagos_tensor_over(std::move(flagos), out);
@@ -349,6 +354,7 @@ class AliasScope {
                                                            c10::GetAllocator(native_type_));
       at::Tensor native =
           native_layouts::quantized_like(t, std::move(native_storage), native_type_, alias_member);
+      quantized_aliases_ = true;
       return aliases_.add(std::move(native), t.unsafeGetTensorImpl());
     }
     at::Tensor native = native_layouts::sparse_like(t, native_type_, alias_member);
@@ -402,6 +408,7 @@ class AliasScope {
     handle_to(flagos).set_(moved.storage(), moved.storage_offset(), moved.sizes(), moved.strides());
   }
 
+  const runtime::NativeDevice& native_;
   c10::DeviceType native_type_;
   AliasRecycler* recycler_;  // kernel calls: this thread's, where the aliases go back after the call
   bool hold_args_;           // the arguments' only holder may be a stack slot the call overwrites
@@ -410,6 +417,7 @@ class AliasScope {
   std::optional<c10::Device> device_;
   std::optional<c10::Device> placement_;  // the first flagos device argument
   bool cpu_results_ = false;
+  bool quantized_aliases_ = false;  // among aliases_ (each owns its borrow)
   AliasLookup aliases_;
   c10::SmallVector<const c10::TensorImpl*, 2> passed_;  // the arguments not on flagos, passed as they are
   c10::SmallVector<at::Tensor, 4> held_;                // hold_args_: every tensor argument
@@ -426,94 +434,90 @@ class AliasScope {
   }
 };
 
-}  // namespace
-
 // ---- NativeCall: an AliasScope in place, and the call around it
 // ---------------------------------------------
 static_assert(sizeof(AliasScope) <= NativeCall::kScopeBytes, "NativeCall::kScopeBytes is too small");
 static_assert(alignof(AliasScope) <= alignof(std::max_align_t));
 
-namespace {
-AliasScope& scope_in(unsigned char* buffer) {
-  return *std::launder(reinterpret_cast<AliasScope*>(buffer));
-}
-const AliasScope& scope_in(const unsigned char* buffer) {
-  return *std::launder(reinterpret_cast<const AliasScope*>(buffer));
-}
-
-// Host-kernel allocations are flagos memory only for kernels: Python code's CPU tensors (a .cpu() copy, a
-// cached tensor) must stay host memory.
-bool host_allocations_for(NativeCall::Kind kind) {
-  return kind != NativeCall::kPython && native().host_kernels;
-}
-}  // namespace
-
+// Host-kernel allocations are flagos memory only for kernels (host_allocations_): Python code's CPU tensors
+// (a .cpu() copy, a cached tensor) must stay host memory.
 NativeCall::NativeCall(Kind kind, bool same_device)
-    : kind_(kind), host_allocations_(host_allocations_for(kind)) {
-  new (scope_) AliasScope(native().type, kind, same_device);
-}
+    : native_(native()),
+      scope_(new(scope_storage_) AliasScope(native_, kind, same_device)),
+      kind_(kind),
+      host_allocations_(kind != kPython && native_.host_kernels) {}
 
 NativeCall::NativeCall(Kind kind, const c10::OperatorName& op)
-    : kind_(kind), host_allocations_(host_allocations_for(kind)) {
-  new (scope_) AliasScope(native().type, kind, op);
-}
+    : native_(native()),
+      scope_(new(scope_storage_) AliasScope(native_, kind, op)),
+      kind_(kind),
+      host_allocations_(kind != kPython && native_.host_kernels) {}
 
 NativeCall::~NativeCall() {
-  guard_.reset();  // the device first, then the aliases
-  scope_in(scope_).~AliasScope();
+  // The device first, then the aliases.
+  if (restore_device_ >= 0) runtime::restore_device(restore_device_);
+  guard_.reset();
+  scope_->~AliasScope();
 }
 
 const at::Tensor& NativeCall::alias(const at::Tensor& t) {
-  return scope_in(scope_).alias(t);
+  return scope_->alias(t);
 }
 
 void NativeCall::reserve_aliases(size_t n) {
-  scope_in(scope_).reserve_aliases(n);
+  scope_->reserve_aliases(n);
 }
 
 c10::IValue NativeCall::alias_value(const c10::IValue& v) {
-  if (!v.isDevice()) return scope_in(scope_).alias_value(v);
+  if (!v.isDevice()) return scope_->alias_value(v);
   return device_arg(v.toDevice());
 }
 
 c10::IValue NativeCall::default_generator() const {
-  return scope_in(scope_).default_generator();
+  return scope_->default_generator();
 }
 
 std::optional<at::Generator> NativeCall::generator(const std::optional<at::Generator>& gen) {
-  AliasScope& scope = scope_in(scope_);
+  AliasScope& scope = *scope_;
   const c10::IValue native = gen.has_value() ? scope.alias_value(*gen) : scope.default_generator();
   if (native.isNone()) return std::nullopt;
   return native.toGenerator();
 }
 
 c10::Device NativeCall::device_arg(c10::Device d) {
-  AliasScope& scope = scope_in(scope_);
+  AliasScope& scope = *scope_;
   const c10::Device native = scope.alias_value(d).toDevice();
   if (scope.cpu_results()) host_allocations_ = false;  // CPU results are CPU memory
   return native;
 }
 
 std::optional<c10::Device> NativeCall::device() const {
-  return scope_in(scope_).device();
+  return scope_->device();
 }
 
 void NativeCall::enter() {
-  const std::optional<c10::Device> device = scope_in(scope_).device();
+  const std::optional<c10::Device> device = scope_->device();
   if (!device.has_value()) return;
   if (device->type() == kFlagos) traced_device_ = device->index();
-  if (native().host_kernels) {
+  if (native_.host_kernels) {
     // Host kernels run now, on this thread: let queued stream work on their memory (async copies) land
-    // first, on the arguments' device and on the one their results are allocated on (the guard's). A
+    // first, on the arguments' device and on the one their results are allocated on (the guard's); a
+    // stream with nothing queued since its last wait is not asked (runtime::settle_current_stream). A
     // capturing stream has nothing queued by the capture (it records instead), and waiting for it is what a
     // capture forbids: the calls that run during a capture (views) do not wait.
-    const c10::Device placement = *scope_in(scope_).placement();
-    guard_.emplace(placement);
+    const c10::Device placement = *scope_->placement();
+    if (placement.type() == kFlagos) {
+      restore_device_ = runtime::exchange_device(placement.index());  // the flagos guard's work, without it
+    } else {
+      guard_.emplace(placement);
+    }
     const auto settle = [](c10::DeviceIndex index) {
-      const c10::Stream stream = runtime::current_stream(index);
-      if (!runtime::capture::underway() || runtime::capture::recording_for(stream) == nullptr) {
-        runtime::synchronize_stream(stream);
+      if (C10_LIKELY(!runtime::capture::underway())) {
+        runtime::settle_current_stream(index);
+        return;
       }
+      const c10::Stream stream = runtime::current_stream(index);
+      if (runtime::capture::recording_for(stream) == nullptr) runtime::synchronize_stream(stream);
     };
     settle(device->index());
     if (placement != *device) settle(placement.index());
@@ -521,7 +525,7 @@ void NativeCall::enter() {
   }
   // Device kernels: the native device itself, set through its own guard (NativeCall::Kind says when).
   if (kind_ == kUnboxedKernel) return;
-  guard_.emplace(device->type() == kFlagos ? c10::Device(native().type, device->index()) : *device);
+  guard_.emplace(device->type() == kFlagos ? c10::Device(native_.type, device->index()) : *device);
 }
 
 void NativeCall::add_context(c10::Error& e, const char* name, const char* overload) {
@@ -530,15 +534,15 @@ void NativeCall::add_context(c10::Error& e, const char* name, const char* overlo
 }
 
 at::Tensor NativeCall::adopt(at::Tensor&& native) {
-  return scope_in(scope_).adopt(std::move(native));
+  return scope_->adopt(std::move(native));
 }
 
 c10::TensorImpl* NativeCall::adopt_argument(const at::Tensor& native) {
-  return scope_in(scope_).adopt_argument(native);
+  return scope_->adopt_argument(native);
 }
 
 c10::IValue NativeCall::adopt_value(const c10::IValue& v) {
-  return scope_in(scope_).adopt_value(v);
+  return scope_->adopt_value(v);
 }
 
 at::Tensor alias_as_native(const at::Tensor& flagos) {

@@ -28,9 +28,12 @@
 #include <optional>
 
 #include "runtime/allocator.h"
+#include "runtime/native_device.h"
 #include "runtime/profiler/device_trace.h"
 
 namespace flagos::ops {
+
+class AliasScope;  // everything aliased for one call (native_call.cpp)
 
 class NativeCall {
  public:
@@ -109,8 +112,11 @@ class NativeCall {
   void enter();  // the guard and the sync before host kernels
   C10_NOINLINE static void add_context(c10::Error& e, const char* name, const char* overload);
 
-  alignas(std::max_align_t) unsigned char scope_[kScopeBytes];
+  const runtime::NativeDevice& native_;  // the native device's facts (runtime/native_device.h)
+  alignas(std::max_align_t) unsigned char scope_storage_[kScopeBytes];
+  AliasScope* const scope_;  // made in scope_storage_
   std::optional<c10::DeviceGuard> guard_;
+  c10::DeviceIndex restore_device_ = -1;  // with host kernels: the flagos device before the call's
   Kind kind_;
   bool host_allocations_;
   c10::DeviceIndex traced_device_ = -1;  // the call's flagos device (enter()), -1 when it has none

@@ -26,11 +26,8 @@ inline constexpr c10::DispatchKeySet kLayoutKeys({c10::DispatchKey::Sparse, c10:
                                                   c10::DispatchKey::Quantized});
 
 // Whether `t` is a tensor of those layouts (one bit test: the dense pipeline asks it of every tensor).
-inline bool has_members(const c10::TensorImpl& t) {
-  return t.key_set().has_any(kLayoutKeys);
-}
 inline bool has_members(const at::Tensor& t) {
-  return has_members(*t.unsafeGetTensorImpl());
+  return t.key_set().has_any(kLayoutKeys);
 }
 
 // Maps one member tensor to its counterpart on the other side (alias or adoption).

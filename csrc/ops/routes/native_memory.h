@@ -154,11 +154,13 @@ class AliasRecycler {
     return recycler;
   }
 
-  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory.
-  at::Tensor alias_of(const at::Tensor& t, c10::DeviceType type) {
+  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory,
+  // on native device `native` (native()).
+  at::Tensor alias_of(const at::Tensor& t, const runtime::NativeDevice& native) {
+    const c10::DeviceType type = native.type;
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
-    c10::Allocator* allocator = native().allocator;
+    c10::Allocator* allocator = native.allocator;
     c10::DataPtr memory = runtime::borrow_for_call(storage, device);
     if (free_.empty() || type_ != type) {
       return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
@@ -182,9 +184,9 @@ class AliasRecycler {
     if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
     free_.pop_back();
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
-    native->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: put() checked them
-    native->set_nbytes(storage.nbytes());
+    c10::StorageImpl* alias_storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    alias_storage->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: put() checked
+    alias_storage->set_nbytes(storage.nbytes());
     if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
     if (impl->sizes() == t.sizes() && impl->strides() == t.strides()) {
       impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
@@ -196,20 +198,20 @@ class AliasRecycler {
     return alias;
   }
 
-  // Takes back an alias of `type` made by alias_of, once its call is over and nothing else references it
-  // or its storage. Dropped instead when the list is full.
-  void put(at::Tensor&& alias, c10::DeviceType type) {
+  // Takes back an alias made by alias_of on native device `native`, once its call is over and nothing else
+  // references it or its storage. Dropped instead when the list is full.
+  void put(at::Tensor&& alias, const runtime::NativeDevice& native) {
     if (free_.size() == kCapacity) return;
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
-    c10::StorageImpl* native = impl->unsafe_storage().unsafeGetStorageImpl();
+    c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
     // alias_of() reuses the storage's allocator and resizability as they are: one a kernel changed (set_)
     // is not taken back.
-    if (native->allocator() != native_memory::native().allocator || !native->resizable()) return;
-    native->set_data_ptr_noswap(c10::DataPtr(nullptr, native->device()));
-    native->set_nbytes(0);
-    if (free_.empty()) type_ = type;
-    if (type != type_) return;
+    if (storage->allocator() != native.allocator || !storage->resizable()) return;
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
+    if (free_.empty()) type_ = native.type;
+    if (native.type != type_) return;
     free_.push_back(std::move(alias));
   }
 

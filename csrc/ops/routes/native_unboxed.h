@@ -12,7 +12,7 @@
 //      fallback would (cpu, flaggems, python; an op without a native kernel is routed to cpu by then);
 //   2. otherwise runs a NativeCall of kind kUnboxedKernel: each argument aliased (NativeArg), generators,
 //      then NativeCall::run around `Op::redispatch` on the native dispatch key, and the results adopted
-//      (Adopt). NativeCall::Kind says which device guard that sets and why. Counters, the dispatch log
+//      (adopt_as). NativeCall::Kind says which device guard that sets and why. Counters, the dispatch log
 //      (route() writes it) and the error context are the boxed path's.
 // Results that are arguments (in-place, out=) are returned as the caller's own tensor objects, as the
 // dispatcher's boxed wrapper returns them.
@@ -69,6 +69,11 @@ inline constexpr bool needs_aliasing_v =
     std::is_same_v<T, std::optional<at::Generator>> || std::is_same_v<T, c10::Device> ||
     std::is_same_v<T, std::optional<c10::Device>>;
 
+// Generators are converted once every tensor is aliased (NativeArg::finish): an omitted one takes the
+// default generator of the call's device, which the tensors decide.
+template <class T>
+inline constexpr bool finished_later_v = std::is_same_v<std::decay_t<T>, std::optional<at::Generator>>;
+
 // The native-device counterpart of one argument. Arguments without tensors, generators or devices pass as
 // they are; every kind that needs aliasing has its own specialisation below (the static_assert keeps a new
 // kind from passing silently).
@@ -78,7 +83,6 @@ struct NativeArg {
   T value;
   NativeArg(NativeCall& /*aliases*/, T v) : value(static_cast<T>(v)) {}
   T get() { return static_cast<T>(value); }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 // The aliases of tensor arguments are the NativeCall' own; the arguments passed to the kernel are
@@ -94,7 +98,6 @@ struct NativeArg<const at::Tensor&> {
   NativeArg(const NativeArg&) = delete;
   ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   const at::Tensor& get() { return value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
@@ -105,7 +108,6 @@ struct NativeArg<at::Tensor&> {
   NativeArg(const NativeArg&) = delete;
   ~NativeArg() { BorrowTraits::destroyBorrow(value); }
   at::Tensor& get() { return value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
@@ -120,7 +122,6 @@ struct NativeArg<const std::optional<at::Tensor>&> {
     if (value.has_value()) BorrowTraits::destroyBorrow(*value);
   }
   const std::optional<at::Tensor>& get() { return value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 // Borrows of the aliases of a tensor list's elements.
@@ -144,7 +145,6 @@ struct NativeArg<at::TensorList> {
   BorrowedList list;
   NativeArg(NativeCall& aliases, at::TensorList l) : list(aliases, l) {}
   at::TensorList get() { return list.value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
@@ -153,7 +153,6 @@ struct NativeArg<const at::ITensorListRef&> {
   NativeArg(NativeCall& aliases, const at::ITensorListRef& l) : list(aliases, l) {}
   // A temporary that lives until the end of the redispatch's full expression.
   at::ITensorListRef get() { return at::ITensorListRef(at::TensorList(list.value)); }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
 template <>
@@ -166,11 +165,9 @@ struct NativeArg<const c10::List<std::optional<at::Tensor>>&> {
     }
   }
   const c10::List<std::optional<at::Tensor>>& get() { return value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
 
-// Converted in finish(), after every tensor is aliased: an omitted generator takes the default generator
-// of the call's device, which the tensors decide (as on the boxed path).
+// Converted in finish() (finished_later_v), as on the boxed path.
 template <>
 struct NativeArg<std::optional<at::Generator>> {
   std::optional<at::Generator> value;
@@ -186,8 +183,13 @@ struct NativeArg<std::optional<c10::Device>> {
     if (d.has_value()) value = aliases.device_arg(*d);
   }
   std::optional<c10::Device> get() { return value; }
-  void finish(NativeCall& /*aliases*/) {}
 };
+
+// The second pass over a call's arguments, for the ops that have a generator argument.
+template <class T>
+void finish_arg(NativeArg<T>& arg, NativeCall& call) {
+  if constexpr (finished_later_v<T>) arg.finish(call);
+}
 
 // The caller's own tensor object behind an adopted in-place/out= result (the dispatcher's boxed wrapper
 // returns the argument itself, so the fast path does too). Mutable results match mutable arguments only.
@@ -233,16 +235,17 @@ std::tuple<Rs...> adopt_tuple(NativeCall& aliases, NativeTuple& native, std::ind
   return std::tuple<Rs...>{adopt_as<Rs>(aliases, std::get<I>(std::move(native)), args...)...};
 }
 
+template <class T>
+inline constexpr bool is_tuple_v = false;
+template <class... Ts>
+inline constexpr bool is_tuple_v<std::tuple<Ts...>> = true;
+
+// A tuple of results, adopted one by one (adopt_as adopts the others).
 template <class R>
-struct Adopt {
-  template <class Native, class... Args>
-  static R run(NativeCall& aliases, Native&& native, Args&... args) {
-    return adopt_as<R>(aliases, std::forward<Native>(native), args...);
-  }
-};
+struct AdoptTuple;
 
 template <class... Rs>
-struct Adopt<std::tuple<Rs...>> {
+struct AdoptTuple<std::tuple<Rs...>> {
   template <class Native, class... Args>
   static std::tuple<Rs...> run(NativeCall& aliases, Native&& native, Args&... args) {
     return adopt_tuple<Rs...>(aliases, native, std::index_sequence_for<Rs...>{}, args...);
@@ -344,7 +347,9 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     NativeCall call(NativeCall::kUnboxedKernel, unboxed_detail::UnboxedOpTraits<Op>::kOneDevice);
     // Braced initialisation: arguments are aliased in order, as on the boxed path.
     std::tuple<unboxed_detail::NativeArg<Args>...> native{unboxed_detail::NativeArg<Args>(call, args)...};
-    std::apply([&](auto&... a) { (a.finish(call), ...); }, native);
+    if constexpr ((unboxed_detail::finished_later_v<Args> || ...)) {
+      std::apply([&](auto&... a) { (unboxed_detail::finish_arg(a, call), ...); }, native);
+    }
     const c10::DispatchKeySet keys = native_memory::native().keys;
     auto kernel = [&]() -> Ret {
       return std::apply([&](auto&... a) -> Ret { return Op::redispatch(keys, a.get()...); }, native);
@@ -353,7 +358,11 @@ struct UnboxedKernel<Op, Ret(Args...)> {
       call.run(Op::name, Op::overload_name, kernel);
     } else {
       decltype(auto) result = call.run(Op::name, Op::overload_name, kernel);
-      return unboxed_detail::Adopt<Ret>::run(call, std::forward<decltype(result)>(result), args...);
+      if constexpr (unboxed_detail::is_tuple_v<Ret>) {
+        return unboxed_detail::AdoptTuple<Ret>::run(call, result, args...);
+      } else {
+        return unboxed_detail::adopt_as<Ret>(call, std::forward<decltype(result)>(result), args...);
+      }
     }
   }
 };

@@ -262,10 +262,20 @@ class BackedMode final : public RuntimeMode {
   void synchronize(const c10::Stream& stream) const override {
     backing_.guard->synchronizeStream(backing_.stream(stream));
   }
+  // Not on the hot path here: device kernels run on the stream itself, and nothing waits for it.
+  void settle_current_stream(c10::DeviceIndex device) const override {
+    backing_.guard->synchronizeStream(backing_.guard->getStream(c10::Device(backing_.type, device)));
+  }
+
+  void launch_kernel(flagos_function_t function, const flagos_launch_config_t& config, const void* params,
+                     size_t params_size, const c10::Stream& stream) const override {
+    check_hal(hal().launch_kernel(function, &config, params, params_size, launch_stream(stream)),
+              "flagos_launch_kernel");
+  }
 
   // The backing stream's native handle as a HAL stream. A stream id names the same native stream for the
   // life of the process, so the last few answers are kept per thread, and the common case takes no lock.
-  flagos_stream_t launch_stream(const c10::Stream& stream) const override {
+  flagos_stream_t launch_stream(const c10::Stream& stream) const {
     struct Known {
       c10::DeviceIndex device = -1;
       c10::StreamId id = 0;

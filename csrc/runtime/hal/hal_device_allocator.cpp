@@ -99,6 +99,19 @@ void update_stat(StatArray& stat, StatType pool, int64_t amount) {
   }
 }
 
+// A block of `size` bytes handed out for a request of `requested` bytes: one more allocation, active
+// block, and their bytes, in the aggregate and in the block's pool.
+void count_handed_out(DeviceStats& stats, StatType pool, size_t size, size_t requested) {
+  for (auto type : {StatType::AGGREGATE, pool}) {
+    const auto i = static_cast<size_t>(type);
+    stats.allocation[i].increase(1);
+    stats.allocated_bytes[i].increase(size);
+    stats.active[i].increase(1);
+    stats.active_bytes[i].increase(size);
+    stats.requested_bytes[i].increase(requested);
+  }
+}
+
 std::string format_bytes(size_t bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double value = static_cast<double>(bytes);
@@ -146,11 +159,7 @@ class AllocatorState {
     block->requested = nbytes;
     live_[block->ptr] = block;
     const StatType stat_pool = pool_of(block->size);
-    update_stat(st.stats.allocation, stat_pool, 1);
-    update_stat(st.stats.allocated_bytes, stat_pool, static_cast<int64_t>(block->size));
-    update_stat(st.stats.active, stat_pool, 1);
-    update_stat(st.stats.active_bytes, stat_pool, static_cast<int64_t>(block->size));
-    update_stat(st.stats.requested_bytes, stat_pool, static_cast<int64_t>(nbytes));
+    count_handed_out(st.stats, stat_pool, block->size, nbytes);
     if (C10_UNLIKELY(history_.enabled())) {
       if (history_.keeps_block_stacks()) block->context = context;
       history_.record(device, Action::kAlloc, address(block), nbytes, stream, std::move(context));
@@ -198,7 +207,8 @@ class AllocatorState {
       for (c10::StreamId use : block->stream_uses) {
         flagos_event_t event = take_event(st, block->device);
         const c10::Stream stream(c10::Stream::UNSAFE, flagos_device(block->device), use);
-        check_hal(hal().event_record(event, hal_stream(stream)), "flagos_event_record");
+        check_hal(queue_on(stream, [&](flagos_stream_t s) { return hal().event_record(event, s); }),
+                  "flagos_event_record");
         st.pending.emplace_back(event, block);
         ++block->pending_events;
       }

@@ -56,6 +56,7 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
   void* getStreamNativeHandle(const c10::Stream s) const override {
     void* handle = nullptr;
     check_hal(hal().stream_get_native_handle(hal_stream(s), &handle), "flagos_stream_get_native_handle");
+    note_handle_shared(s);  // work may now reach the stream past the runtime
     return handle;
   }
 
@@ -75,12 +76,15 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
       check_hal(status, "flagos_event_create");
       *event = created;
     }
-    check_hal(h.event_record(as_event(*event), hal_stream(stream)), "flagos_event_record");
+    check_hal(queue_on(stream, [&](flagos_stream_t s) { return h.event_record(as_event(*event), s); }),
+              "flagos_event_record");
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
-    check_hal(hal().stream_wait_event(hal_stream(stream), as_event(event)), "flagos_stream_wait_event");
+    check_hal(
+        queue_on(stream, [&](flagos_stream_t s) { return hal().stream_wait_event(s, as_event(event)); }),
+        "flagos_stream_wait_event");
   }
 
   bool queryEvent(void* event) const override {
@@ -128,7 +132,7 @@ struct HalGuard final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     capture::check_allowed(nullptr, "synchronizing the device", device_index);
-    check_hal(hal().device_synchronize(device_index), "flagos_device_synchronize");
+    synchronize_device(device_index);
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {

@@ -83,7 +83,8 @@ class PinnedHostAllocator final : public at::HostAllocator {
     try {
       for (const c10::Stream& stream : block->streams) {
         auto event = take_event(stream.device_index());
-        check_hal(hal().event_record(event.second, hal_stream(stream)), "flagos_event_record");
+        check_hal(queue_on(stream, [&](flagos_stream_t s) { return hal().event_record(event.second, s); }),
+                  "flagos_event_record");
         pending_.emplace_back(event, block);
         ++block->pending_events;
       }

@@ -47,11 +47,11 @@ class HalMode final : public RuntimeMode {
                   const c10::Stream& stream) const override {
     const bool to_host = kind == CopyKind::kDeviceToHost;
     const bool from_host = kind == CopyKind::kHostToDevice;
-    check_hal(hal().memcpy_async(dst, src, nbytes,
-                                 from_host ? FLAGOS_MEMCPY_HOST_TO_DEVICE
-                                 : to_host ? FLAGOS_MEMCPY_DEVICE_TO_HOST
-                                           : FLAGOS_MEMCPY_DEVICE_TO_DEVICE,
-                                 hal_stream(stream)),
+    const flagos_memcpy_kind_t hal_kind = from_host ? FLAGOS_MEMCPY_HOST_TO_DEVICE
+                                          : to_host ? FLAGOS_MEMCPY_DEVICE_TO_HOST
+                                                    : FLAGOS_MEMCPY_DEVICE_TO_DEVICE;
+    check_hal(queue_on(stream,
+                       [&](flagos_stream_t s) { return hal().memcpy_async(dst, src, nbytes, hal_kind, s); }),
               from_host ? "flagos_memcpy_async (host to device)"
               : to_host ? "flagos_memcpy_async (device to host)"
                         : "flagos_memcpy_async (device to device)");
@@ -65,9 +65,17 @@ class HalMode final : public RuntimeMode {
   }
 
   void synchronize(const c10::Stream& stream) const override { hal_mode::synchronize(stream); }
-  flagos_stream_t launch_stream(const c10::Stream& stream) const override {
+  void launch_kernel(flagos_function_t function, const flagos_launch_config_t& config, const void* params,
+                     size_t params_size, const c10::Stream& stream) const override {
     hal_mode::check_stream(stream);  // a kernel launch's stream may come from the user
-    return hal_stream(stream);
+    check_hal(queue_on(stream,
+                       [&](flagos_stream_t s) {
+                         return hal().launch_kernel(function, &config, params, params_size, s);
+                       }),
+              "flagos_launch_kernel");
+  }
+  void settle_current_stream(c10::DeviceIndex device) const override {
+    hal_mode::settle_current_stream(device);
   }
 
   std::optional<c10::DeviceIndex> flagos_memory_device(const c10::DataPtr& ptr) const override {

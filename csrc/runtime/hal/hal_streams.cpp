@@ -16,12 +16,28 @@ namespace {
 
 constexpr c10::StreamId kMaxStreamId = 1 + kPriorityLevels * kStreamsPerPool;
 
+// One stream's notes (note_queued): the noted count only grows; settled is the noted count that a
+// completed wait covered, at most noted.
+struct QueuedWork {
+  std::atomic<uint64_t> noted{0};
+  std::atomic<uint64_t> settled{0};
+  std::atomic<bool> handle_shared{false};
+  // After a completed wait that began when `covered` had been noted.
+  void settle(uint64_t covered) {
+    uint64_t current = settled.load(std::memory_order_relaxed);
+    while (current < covered && !settled.compare_exchange_weak(current, covered, std::memory_order_release,
+                                                               std::memory_order_relaxed)) {
+    }
+  }
+};
+
 struct DeviceStreams {
   std::once_flag default_once;
   flagos_stream_t default_handle = nullptr;
   std::array<std::once_flag, kPriorityLevels * kStreamsPerPool> pool_once;
   std::array<flagos_stream_t, kPriorityLevels * kStreamsPerPool> pool{};
   std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
+  std::array<QueuedWork, kMaxStreamId> work;  // by stream id
 };
 
 // Leaked on purpose: streams are referenced from static destructors of other libraries.
@@ -109,7 +125,39 @@ int stream_priority(const c10::Stream& stream) {
 }
 
 void synchronize(const c10::Stream& stream) {
+  QueuedWork& work = streams_of(stream.device_index()).work[static_cast<size_t>(stream.id())];
+  const uint64_t covered = work.noted.load(std::memory_order_acquire);
   check_hal(hal_table().stream_synchronize(hal_stream(stream)), "flagos_stream_synchronize");
+  work.settle(covered);
+}
+
+void synchronize_device(c10::DeviceIndex device) {
+  std::array<QueuedWork, kMaxStreamId>& work = streams_of(device).work;
+  std::array<uint64_t, kMaxStreamId> covered{};
+  for (size_t id = 0; id < work.size(); ++id) covered[id] = work[id].noted.load(std::memory_order_acquire);
+  check_hal(hal_table().device_synchronize(device), "flagos_device_synchronize");
+  for (size_t id = 0; id < work.size(); ++id) work[id].settle(covered[id]);
+}
+
+void note_queued(const c10::Stream& stream) {
+  streams_of(stream.device_index())
+      .work[static_cast<size_t>(stream.id())]
+      .noted.fetch_add(1, std::memory_order_release);
+}
+
+void note_handle_shared(const c10::Stream& stream) {
+  streams_of(stream.device_index())
+      .work[static_cast<size_t>(stream.id())]
+      .handle_shared.store(true, std::memory_order_release);
+}
+
+void settle_current_stream(c10::DeviceIndex device) {
+  const c10::StreamId id = thread_current_ids()[device];
+  const QueuedWork& work = streams_of(device).work[static_cast<size_t>(id)];
+  const bool may_be_pending =
+      work.handle_shared.load(std::memory_order_acquire) ||
+      work.noted.load(std::memory_order_acquire) != work.settled.load(std::memory_order_acquire);
+  if (may_be_pending) synchronize(c10::Stream(c10::Stream::UNSAFE, flagos_device(device), id));
 }
 
 }  // namespace flagos::runtime::hal_mode

@@ -32,5 +32,26 @@ void check_stream(const c10::Stream& stream);
 
 // Waits for the work queued on `stream`.
 void synchronize(const c10::Stream& stream);
+// Waits for the work queued on every stream of `device`.
+void synchronize_device(c10::DeviceIndex device);
+
+// What the runtime queued on each stream, so that a wait with nothing to wait for is skipped. Every piece
+// of work the HAL mode queues on a stream (copies, kernel launches, event records, waits for events) is
+// noted after the HAL call that queued it returns; a completed wait for a stream (synchronize,
+// synchronize_device) settles what was noted before it began. A stream whose notes are all settled has had
+// nothing queued since a wait for it returned, so waiting for it again would return at once. A stream
+// whose HAL handle was handed out (extensions may queue work on it themselves) is always waited for.
+void note_queued(const c10::Stream& stream);
+void note_handle_shared(const c10::Stream& stream);
+// Queues work on `stream`: `enqueue(handle)` makes the HAL call on its HAL handle and returns its status.
+// The work is noted whatever the status (a failed call may have queued part of it).
+template <class Enqueue>
+flagos_status_t queue_on(const c10::Stream& stream, Enqueue&& enqueue) {
+  const flagos_status_t status = enqueue(hal_stream(stream));
+  note_queued(stream);
+  return status;
+}
+// Waits for the current stream of `device` on this thread, unless nothing can be pending on it.
+void settle_current_stream(c10::DeviceIndex device);
 
 }  // namespace flagos::runtime::hal_mode
