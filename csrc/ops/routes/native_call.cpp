@@ -188,7 +188,7 @@ class AliasScope {
       // A kernel may have resized an out= argument.
       if (out.storage().data() != flagos->unsafe_storage().data()) {
         adopt_regrown(out, flagos);
-      } else if (out.sizes() != flagos->sizes() || out.strides() != flagos->strides() ||
+      } else if (!native_memory::same_geometry(*out.unsafeGetTensorImpl(), *flagos) ||
                  out.storage_offset() != flagos->storage_offset()) {
         flagos->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
       }

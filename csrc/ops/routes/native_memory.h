@@ -29,6 +29,18 @@ namespace flagos::ops::native_memory {
 
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
+// Whether two tensors have the same sizes and strides: an inline loop over their few dimensions, where
+// ArrayRef's == calls memcmp (a call per comparison, on every alias and every adopted argument).
+inline bool same_geometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+  const c10::IntArrayRef a_sizes = a.sizes(), b_sizes = b.sizes();
+  if (a_sizes.size() != b_sizes.size()) return false;
+  const c10::IntArrayRef a_strides = a.strides(), b_strides = b.strides();
+  for (size_t i = 0; i < a_sizes.size(); ++i) {
+    if (a_sizes[i] != b_sizes[i] || a_strides[i] != b_strides[i]) return false;
+  }
+  return true;
+}
+
 namespace detail {
 // runtime::native_device(), once known: one load on the hot path instead of an out-of-line call (a
 // function-local static would still cost a guard check and, being inline, a call into its one definition).
@@ -188,7 +200,7 @@ class AliasRecycler {
     alias_storage->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: put() checked
     alias_storage->set_nbytes(storage.nbytes());
     if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
-    if (impl->sizes() == t.sizes() && impl->strides() == t.strides()) {
+    if (same_geometry(*impl, *t.unsafeGetTensorImpl())) {
       impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
     } else {
       impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
