@@ -54,6 +54,43 @@ struct BlockOrder {
   }
 };
 
+// The free blocks of one cache, in BlockOrder for a best fit. Taking a block out keeps its set node aside
+// and putting one back reuses such a node, so that a cached allocation and its free make no heap
+// allocation of their own.
+class FreeBlocks {
+ public:
+  using Set = std::set<Block*, BlockOrder>;
+
+  Set::const_iterator begin() const { return set_.begin(); }
+  Set::const_iterator end() const { return set_.end(); }
+  size_t size() const { return set_.size(); }
+  Set::iterator lower_bound(Block* key) { return set_.lower_bound(key); }
+  Set::iterator end() { return set_.end(); }
+
+  void insert(Block* block) {
+    if (spare_.empty()) {
+      set_.insert(block);
+      return;
+    }
+    Set::node_type node = std::move(spare_.back());
+    spare_.pop_back();
+    node.value() = block;
+    set_.insert(std::move(node));
+  }
+  Block* take(Set::iterator it) {
+    Block* block = *it;
+    Set::node_type node = set_.extract(it);
+    if (spare_.size() < kSpareNodes) spare_.push_back(std::move(node));
+    return block;
+  }
+  void clear() { set_.clear(); }
+
+ private:
+  static constexpr size_t kSpareNodes = 64;
+  Set set_;
+  std::vector<Set::node_type> spare_;
+};
+
 // A graph's private pool (runtime/graph.h): the blocks allocated while a capture allocates to it. Its free
 // blocks are reused only by allocations to the same pool, so the memory a captured graph reads and writes
 // stays the graph's until every graph using the pool has released it; then its blocks go back to the HAL
@@ -61,7 +98,7 @@ struct BlockOrder {
 struct PrivatePool {
   int use_count = 0;  // captures and graphs holding the pool
   size_t blocks = 0;  // blocks of the pool, live or free
-  std::set<Block*, BlockOrder> free_blocks;
+  FreeBlocks free_blocks;
 };
 
 struct PoolCapture {
@@ -70,7 +107,7 @@ struct PoolCapture {
 };
 
 struct DeviceState {
-  std::set<Block*, BlockOrder> free_blocks;
+  FreeBlocks free_blocks;
   ska::flat_hash_map<c10::MempoolId_t, PrivatePool, c10::MempoolIdHash> pools;
   std::vector<PoolCapture> to_pool;
   std::vector<std::pair<flagos_event_t, Block*>> pending;  // frees waiting on other streams
@@ -389,16 +426,17 @@ class AllocatorState {
     return *slot;
   }
 
-  Block* take_cached(std::set<Block*, BlockOrder>& free_blocks, c10::StreamId stream, size_t size) {
-    Block key{0, stream, size, 0, nullptr, {}};
-    auto it = free_blocks.lower_bound(&key);
+  Block* take_cached(FreeBlocks& free_blocks, c10::StreamId stream, size_t size) {
+    // The search key is kept: a Block made here would allocate its stream_uses table (ska's empty table
+    // is a heap allocation) on every allocation.
+    search_key_.stream = stream;
+    search_key_.size = size;
+    auto it = free_blocks.lower_bound(&search_key_);
     if (it == free_blocks.end() || (*it)->stream != stream) return nullptr;
     // No splitting, so bound the waste: small blocks may be up to twice the request, large ones +25%.
     const size_t limit = is_small(size) ? 2 * size : size + size / 4;
     if ((*it)->size > limit) return nullptr;
-    Block* block = *it;
-    free_blocks.erase(it);
-    return block;
+    return free_blocks.take(it);
   }
 
   // The pool that allocations on `stream` go to now (kGeneral without a capture allocating to one).
@@ -533,6 +571,7 @@ class AllocatorState {
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceState>> devices_;
   ska::flat_hash_map<void*, Block*> live_;
+  Block search_key_{0, 0, 0, 0, nullptr, {}};  // take_cached's, under mutex_
   MemoryHistoryRecorder history_;
 };
 
