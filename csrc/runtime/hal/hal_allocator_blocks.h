@@ -46,8 +46,6 @@ class FreeBlocks {
   Set::const_iterator begin() const { return set_.begin(); }
   Set::const_iterator end() const { return set_.end(); }
   size_t size() const { return set_.size(); }
-  Set::iterator lower_bound(Block* key) { return set_.lower_bound(key); }
-  Set::iterator end() { return set_.end(); }
 
   void insert(Block* block) {
     if (spare_.empty()) {
@@ -59,7 +57,12 @@ class FreeBlocks {
     node.value() = block;
     set_.insert(std::move(node));
   }
-  Block* take(Set::iterator it) {
+  // Takes out the smallest free block cached for `stream` with `size` to `limit` bytes; nullptr when none.
+  Block* take_best_fit(c10::StreamId stream, size_t size, size_t limit) {
+    key_.stream = stream;
+    key_.size = size;
+    const Set::iterator it = set_.lower_bound(&key_);
+    if (it == set_.end() || (*it)->stream != stream || (*it)->size > limit) return nullptr;
     Block* block = *it;
     Set::node_type node = set_.extract(it);
     if (spare_.size() < kSpareNodes) spare_.push_back(std::move(node));
@@ -71,6 +74,9 @@ class FreeBlocks {
   static constexpr size_t kSpareNodes = 64;
   Set set_;
   std::vector<Set::node_type> spare_;
+  // The search key, kept: a Block made per search would allocate its stream_uses table (ska's empty table
+  // is a heap allocation).
+  Block key_{0, 0, 0, 0, nullptr, {}};
 };
 
 }  // namespace flagos::runtime::hal_mode

@@ -131,7 +131,9 @@ class AllocatorState {
     process_pending(st);
     const c10::MempoolId_t pool_id = pool_for(st, stream);
     PrivatePool* pool = pool_id == kGeneral ? nullptr : &st.pools.at(pool_id);
-    Block* block = take_cached(pool != nullptr ? pool->free_blocks : st.free_blocks, stream, size);
+    // No splitting, so bound the waste: small blocks may be up to twice the request, large ones +25%.
+    const size_t limit = is_small(size) ? 2 * size : size + size / 4;
+    Block* block = (pool != nullptr ? pool->free_blocks : st.free_blocks).take_best_fit(stream, size, limit);
     if (block == nullptr) {
       block = allocate_fresh(st, device, stream, size, nbytes, lock);
       block->pool = pool_id;
@@ -370,19 +372,6 @@ class AllocatorState {
     return *slot;
   }
 
-  Block* take_cached(FreeBlocks& free_blocks, c10::StreamId stream, size_t size) {
-    // The search key is kept: a Block made here would allocate its stream_uses table (ska's empty table
-    // is a heap allocation) on every allocation.
-    search_key_.stream = stream;
-    search_key_.size = size;
-    auto it = free_blocks.lower_bound(&search_key_);
-    if (it == free_blocks.end() || (*it)->stream != stream) return nullptr;
-    // No splitting, so bound the waste: small blocks may be up to twice the request, large ones +25%.
-    const size_t limit = is_small(size) ? 2 * size : size + size / 4;
-    if ((*it)->size > limit) return nullptr;
-    return free_blocks.take(it);
-  }
-
   // The pool that allocations on `stream` go to now (kGeneral without a capture allocating to one).
   static c10::MempoolId_t pool_for(const DeviceState& st, c10::StreamId stream) {
     for (const PoolCapture& c : st.to_pool) {
@@ -515,7 +504,6 @@ class AllocatorState {
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceState>> devices_;
   ska::flat_hash_map<void*, Block*> live_;
-  Block search_key_{0, 0, 0, 0, nullptr, {}};  // take_cached's, under mutex_
   MemoryHistoryRecorder history_;
 };
 
