@@ -191,22 +191,49 @@ void finish_arg(NativeArg<T>& arg, NativeCall& call) {
   if constexpr (finished_later_v<T>) arg.finish(call);
 }
 
+// Whether an argument of type A can be the caller's tensor behind a result of type Ref: mutable results
+// are mutable arguments only.
+template <class Ref, class A>
+inline constexpr bool result_candidate_v =
+    std::is_same_v<A, at::Tensor> ||
+    (std::is_const_v<std::remove_reference_t<Ref>> && std::is_same_v<A, const at::Tensor>);
+
+// The position of the only argument that can be a Ref result, or sizeof...(Args) when there are several.
+template <class Ref, class... Args>
+constexpr size_t only_result_candidate() {
+  constexpr bool candidate[] = {result_candidate_v<Ref, Args>..., false};
+  size_t found = sizeof...(Args);
+  for (size_t i = 0; i < sizeof...(Args); ++i) {
+    if (!candidate[i]) continue;
+    if (found != sizeof...(Args)) return sizeof...(Args);
+    found = i;
+  }
+  return found;
+}
+
 // The caller's own tensor object behind an adopted in-place/out= result (the dispatcher's boxed wrapper
-// returns the argument itself, so the fast path does too). Mutable results match mutable arguments only.
+// returns the argument itself, so the fast path does too). Where one argument only can be it (add_,
+// add.out), it is chosen at compile time; otherwise (several out= tensors) by identity.
 template <class Ref, class... Args>
 Ref caller_tensor(const c10::TensorImpl* adopted, Args&... args) {
-  using Pointer = std::remove_reference_t<Ref>*;
-  Pointer found = nullptr;
-  auto match = [&](auto& arg) {
-    using A = std::remove_reference_t<decltype(arg)>;
-    if constexpr (std::is_same_v<A, at::Tensor> ||
-                  (std::is_const_v<std::remove_reference_t<Ref>> && std::is_same_v<A, const at::Tensor>)) {
-      if (found == nullptr && arg.unsafeGetTensorImpl() == adopted) found = &arg;
-    }
-  };
-  (match(args), ...);
-  TORCH_INTERNAL_ASSERT(found != nullptr, "flagos: an in-place/out= result is none of the op's arguments");
-  return *found;
+  constexpr size_t only = only_result_candidate<Ref, Args...>();
+  if constexpr (only < sizeof...(Args)) {
+    auto& arg = std::get<only>(std::forward_as_tuple(args...));
+    TORCH_INTERNAL_ASSERT(arg.unsafeGetTensorImpl() == adopted,
+                          "flagos: an in-place/out= result is not the op's mutable argument");
+    return arg;
+  } else {
+    using Pointer = std::remove_reference_t<Ref>*;
+    Pointer found = nullptr;
+    auto match = [&](auto& arg) {
+      if constexpr (result_candidate_v<Ref, std::remove_reference_t<decltype(arg)>>) {
+        if (found == nullptr && arg.unsafeGetTensorImpl() == adopted) found = &arg;
+      }
+    };
+    (match(args), ...);
+    TORCH_INTERNAL_ASSERT(found != nullptr, "flagos: an in-place/out= result is none of the op's arguments");
+    return *found;
+  }
 }
 
 // The flagos result of type R for native result `native` (fresh results are moved, not copied).
