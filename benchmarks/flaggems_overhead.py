@@ -17,7 +17,9 @@ repeat to repeat: benchmarks.common.paired_rounds) in these ways:
 Printed per op: microseconds per launch, ``route / native``, ``route / direct`` and ``route - direct``, and
 ``route / torch``; then the medians, which ``--json`` records (``vs_native_...`` over the launch set
 add, mul, silu, rms_norm, softmax, embedding, cat; ``vs_direct_...``, ``vs_torch_...``), and how many
-flaggems calls were replayed. ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
+flaggems calls were replayed. Last, the floor: one launch of a one-kernel Triton add through the HAL
+(``torch_fl._C._kernel_launch`` repeated in C++, what a replay's launch costs with nothing around it), and
+what a replayed ``add`` costs beyond it (``--json``: ``add_vs_launch_floor_added_us``). ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
 call costs before it reaches a kernel (the Python binding, the dispatcher, autograd's no-grad check);
 ``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
@@ -380,7 +382,92 @@ def main(argv: list[str] | None = None) -> int:
         )
         record_medians(rec, len(ratios), args.stand_in, (ratios, diffs), (torch_ratios, torch_diffs))
         record_launch_set(rec, rows, args.stand_in)
+    add_row = next((r for r in rows if r["op"] == "add"), None)
+    if add_row is not None and not args.stand_in:
+        try:
+            record_launch_floor(rec, add_row, args.n, args.repeats)
+        except Exception as exc:  # noqa: BLE001  (the figures above stand without it)
+            print(f"launch floor: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return 0 if ratios else 1
+
+
+def triton_add_launch(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor):
+    """A Triton kernel computing out = x + y, compiled and loaded through the HAL (torch_fl._C._kernel_load),
+    with its parameters packed as the HAL's layout says: (launch(repeat) -> None), or None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(
+            out_ptr + offsets,
+            tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask),
+            mask=mask,
+        )
+
+    n, block = out.numel(), 1024
+    # Compiled for CUDA tensors of the same dtype (what Triton specialises on); launched on flagos memory.
+    like = [torch.empty(n, dtype=t.dtype, device="cuda") for t in (x, y, out)]
+    compiled = add_kernel.warmup(*like, n, BLOCK=block, grid=(1,))
+    function = torch_fl._C._kernel_load(out.device.index or 0, compiled.asm["cubin"], compiled.metadata.name)
+    layout = torch_fl._C._kernel_param_layout(function)
+    # The four arguments, then what Triton's launcher adds after them (scratch pointers), null here as in
+    # a kernel that uses none.
+    if layout is None or len(layout) < 4:
+        raise RuntimeError(f"unexpected parameter layout of the Triton add kernel: {layout}")
+    values = [x.data_ptr(), y.data_ptr(), out.data_ptr(), n] + [0] * (len(layout) - 4)
+    params = bytearray(max(offset + size for offset, size in layout))
+    for (offset, size), value in zip(layout, values, strict=True):
+        params[offset : offset + size] = value.to_bytes(size, "little", signed=False)
+    grid = ((n + block - 1) // block, 1, 1)
+    threads = (compiled.metadata.num_warps * 32, 1, 1)
+    shared = compiled.metadata.shared
+
+    def launch(repeat: int) -> None:
+        torch_fl._C._kernel_launch(function, grid, threads, shared, bytes(params), None, repeat=repeat)
+
+    return launch
+
+
+def record_launch_floor(rec, add_row: dict, n: int, repeats: int) -> None:
+    """The floor of a replayed call, one kernel launch through the HAL with nothing around it, against the
+    replayed add (one kernel too)."""
+    x, y = torch.randn(16, device="flagos"), torch.randn(16, device="flagos")
+    out = torch.empty_like(x)
+    launch = triton_add_launch(x, y, out)
+    if launch is None:
+        print("launch floor: not measured (Triton is not importable)")
+        return
+    launch(1)
+    torch.testing.assert_close(out.cpu(), (x + y).cpu())  # the packed launch computes what it should
+
+    def per_launch_us() -> float:
+        torch.flagos.synchronize()
+        start = time.perf_counter()
+        launch(n)
+        torch.flagos.synchronize()
+        return (time.perf_counter() - start) / n * 1e6
+
+    per_launch_us()  # warm-up
+    floor = median([per_launch_us() for _ in range(max(repeats, 3))])
+    route = add_row["route_us"]
+    print(
+        f"launch floor: one Triton kernel launched through the HAL from C++ {floor:.2f} us; replayed add "
+        f"{route:.2f} us ({route - floor:.2f} us above it: Python binding, dispatcher, signature, allocation); "
+        f"native add {add_row['native_us']:.2f} us"
+    )
+    rec.add(
+        "add_vs_launch_floor_added_us",
+        route - floor,
+        "us added",
+        detail=f"a replayed FlagGems add (tiny tensors) over one HAL kernel launch from C++ ({floor:.2f} us)",
+        baseline="one HAL kernel launch",
+    )
 
 
 def record_launch_set(rec, rows: list[dict], on_stand_in: bool) -> None:

@@ -36,7 +36,8 @@ void bind_kernel_launch(py::module_& m) {
   m.def(
       "_kernel_launch",
       [](uintptr_t function, std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
-         unsigned shared_bytes, const py::bytes& params, std::optional<c10::Stream> stream) {
+         unsigned shared_bytes, const py::bytes& params, std::optional<c10::Stream> stream, int repeat) {
+        TORCH_CHECK(repeat >= 1, "_kernel_launch: repeat must be at least 1, got ", repeat);
         const c10::Stream target =
             stream.has_value() ? *stream : runtime::current_stream(runtime::current_device());
         runtime::check_stream(target);
@@ -46,11 +47,15 @@ void bind_kernel_launch(py::module_& m) {
         Py_ssize_t size = 0;
         if (PyBytes_AsStringAndSize(params.ptr(), &data, &size) != 0) throw py::error_already_set();
         py::gil_scoped_release no_gil;  // `params` stays referenced by the caller's arguments
-        runtime::launch_kernel(reinterpret_cast<KernelFunction>(function), dims, data,
-                               static_cast<size_t>(size), target);
+        // `repeat` launches in a row without Python in between: what one launch through the HAL costs the
+        // host (benchmarks/flaggems_overhead.py's floor).
+        for (int i = 0; i < repeat; ++i) {
+          runtime::launch_kernel(reinterpret_cast<KernelFunction>(function), dims, data,
+                                 static_cast<size_t>(size), target);
+        }
       },
       py::arg("function"), py::arg("grid"), py::arg("block"), py::arg("shared_bytes"), py::arg("params"),
-      py::arg("stream") = py::none());
+      py::arg("stream") = py::none(), py::arg("repeat") = 1);
 }
 
 }  // namespace flagos::python

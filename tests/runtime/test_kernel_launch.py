@@ -81,6 +81,20 @@ def test_axpy_matches_torch_on_the_host(library):
     torch.testing.assert_close(y_flagos.cpu(), y + 2.5 * x)
 
 
+def test_repeated_launches_each_run(library):
+    function = torch_fl._C._kernel_load(0, library, "axpy_f32")
+    x = torch.randn(1000)
+    y = torch.randn(1000)
+    y_flagos = y.to("flagos")
+    x_flagos = x.to("flagos")
+    params = struct.pack("PPfi", x_flagos.data_ptr(), y_flagos.data_ptr(), 0.5, y.numel())
+    torch_fl._C._kernel_launch(function, grid_for(y.numel()), (BLOCK, 1, 1), 0, params, None, repeat=3)
+    torch.testing.assert_close(y_flagos.cpu(), y + 1.5 * x)
+    with pytest.raises(RuntimeError, match="repeat must be at least 1"):
+        torch_fl._C._kernel_launch(function, grid_for(y.numel()), (BLOCK, 1, 1), 0, params, None, repeat=0)
+    torch.testing.assert_close(y_flagos.cpu(), y + 1.5 * x)  # the refused call launched nothing
+
+
 def test_loads_are_cached_and_errors_name_what_is_missing(library, tmp_path):
     function = torch_fl._C._kernel_load(0, library, "axpy_f32")
     assert torch_fl._C._kernel_load(0, library, "axpy_f32") == function
