@@ -508,7 +508,7 @@ def record_launch_set(rec, rows: list[dict], on_stand_in: bool) -> None:
 def record_medians(rec, ops: int, on_stand_in: bool, direct: tuple, through_torch: tuple) -> None:
     """The records of the medians: against FlagGems' bare function, and against FlagGems through torch
     where that was measured; each (ratios, differences in us) over the ops."""
-    what = f"{ops} ops on tiny tensors" + (", stand-in" if on_stand_in else "")
+    what = f"{ops} ops, tiny tensors" + (", stand-in" if on_stand_in else "")
     for name, baseline, against, (ratios, diffs) in (
         ("vs_direct", "FlagGems' function", "FlagGems' bare function", direct),
         ("vs_torch", "FlagGems via torch", "FlagGems registered for cuda", through_torch),
@@ -520,7 +520,7 @@ def record_medians(rec, ops: int, on_stand_in: bool, direct: tuple, through_torc
             median(ratios),
             "time ratio",
             range=Ratio.of(ratios).range,
-            detail=f"{what}: the flaggems route against {against}",
+            detail=f"{what}: the route against {against}",
             baseline=baseline,
         )
         rec.add(
