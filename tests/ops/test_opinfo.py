@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import torch_fl
+import torch_fl.compat
 
 pytest.importorskip("expecttest", reason="torch.testing._internal needs the expecttest package")
 
@@ -49,25 +50,27 @@ def op_db():
     return opinfo.load_op_db()
 
 
-# Backed by CUDA, the jiterator's ops fail on flagos tensors: torch.cuda.jiterator's kernels take a
-# CUDAGuard of the inputs' device, which refuses a flagos device ("CUDAGuardImpl initialized with non-CUDA
-# DeviceType"). A known defect: strict, so the test says when it is fixed.
-JITERATOR_BACKED = pytest.mark.xfail(
-    REFERENCE_DEVICE == "cuda",
-    reason="torch.cuda.jiterator's CUDAGuard refuses flagos tensors backed by CUDA",
-    strict=True,
-)
-
-
-@pytest.mark.parametrize(
-    "op_name",
-    [pytest.param(n, marks=JITERATOR_BACKED) if n.startswith("jiterator_") else n for n in sorted(PASSING)],
-)
+@pytest.mark.parametrize("op_name", sorted(PASSING))
 def test_op_still_passes(op_db, op_name):
     if op_name not in op_db:
         # The list is generated with the torch CI installs; older torch versions lack some OpInfos.
         pytest.skip(f"{op_name} is on {LIST_PATH.name} but not in torch {torch.__version__}'s op_db")
     op = op_db[op_name]
+    # torch.cuda.jiterator launches outside the dispatcher, under a CUDAGuard that refuses flagos devices:
+    # backed by CUDA its ops run through torch_fl.compat's opt-in jiterator layer.
+    jiterator = op_name.startswith("jiterator_") and REFERENCE_DEVICE == "cuda"
+    if jiterator:
+        torch_fl.compat.enable_jiterator()
+    try:
+        failures = check_dtypes(op, op_name)
+    finally:
+        if jiterator:
+            torch_fl.compat.disable_jiterator()
+    assert not failures, f"{op_name} regressed on flagos:\n" + "\n".join(failures)
+
+
+def check_dtypes(op, op_name: str) -> list[str]:
+    """What fails of `op` in each dtype it passed in (PASSING), against REFERENCE_DEVICE."""
     failures = []
     for dtype_name in PASSING[op_name]:
         result = opinfo.check_op(
@@ -78,4 +81,4 @@ def test_op_still_passes(op_db, op_name):
         )
         if result.status != "pass":
             failures.append(f"{dtype_name}: {result.status} {result.sample_counts} {result.message}")
-    assert not failures, f"{op_name} regressed on flagos:\n" + "\n".join(failures)
+    return failures
