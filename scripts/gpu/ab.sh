@@ -7,6 +7,9 @@
 #   scripts/gpu/ab.sh "python3 -m benchmarks.op_overhead --repeats 5" "python3 -m benchmarks.qwen3"
 #   AB_ROUNDS=1 AB_SKIP_BUILD=1 scripts/gpu/ab.sh "..."   # again in the same call, without rebuilding
 #
+# Each run must import its own build: where an installed torch_fl would shadow them, the script stops
+# (AB_UNINSTALL=1: uninstall it first).
+#
 # Logs under $OUT (or ./gpu-logs): ab-<name>-<AB_TAG, default "run"><i>-<round>.log (command i), and the
 # last AB_TAIL lines of each to stdout.
 set -uo pipefail
@@ -31,8 +34,20 @@ if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then  # AB_SKIP_BUILD=1: an earlier run in th
   wait $b && wait $n || exit 1
   echo "== [$SECONDS s] built"
 fi
+# An installed torch_fl (an editable install's import hook, as gpu_build makes) is found before PYTHONPATH:
+# both runs would then measure it. AB_UNINSTALL=1 removes it first; otherwise the A/B stops here.
 for name in base new; do
-  (cd /tmp && PYTHONPATH=/tmp/ab-$name:$GPU_SITE python3 -c "import torch_fl; print('$name:', torch_fl.__file__)")
+  found=$(cd /tmp && PYTHONPATH=/tmp/ab-$name:$GPU_SITE python3 -c "import torch_fl; print(torch_fl.__file__)")
+  if [[ "$found" != /tmp/ab-$name/* ]] && [ "${AB_UNINSTALL:-0}" = 1 ]; then
+    python3 -m pip uninstall -q -y torch_fl > /dev/null 2>&1
+    found=$(cd /tmp && PYTHONPATH=/tmp/ab-$name:$GPU_SITE python3 -c "import torch_fl; print(torch_fl.__file__)")
+  fi
+  echo "$name: $found"
+  if [[ "$found" != /tmp/ab-$name/* ]]; then
+    echo "error: 'import torch_fl' finds $found, not the $name build in /tmp/ab-$name: an installed" \
+      "torch_fl shadows it (pip uninstall torch_fl, or AB_UNINSTALL=1)" >&2
+    exit 2
+  fi
 done
 i=0
 for command in "$@"; do
