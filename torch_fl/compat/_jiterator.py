@@ -10,15 +10,12 @@ enabled, that one function of ``torch._C`` is wrapped: flagos inputs go in as CU
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 import torch_fl
+from torch_fl.compat._patch import AttributeWrap
 
 _ENTRY = "_cuda_jiterator_compile_and_launch_kernel"
-_lock = threading.Lock()
-_original = None  # torch's function while enabled
 
 
 def adapted(original, to_native=torch_fl.as_cuda, from_native=torch_fl.from_cuda):
@@ -41,34 +38,12 @@ def adapted(original, to_native=torch_fl.as_cuda, from_native=torch_fl.from_cuda
     return launch
 
 
-def enabled() -> bool:
-    return _original is not None
+def _check() -> None:
+    if torch_fl.accelerator() != "cuda":
+        raise RuntimeError(
+            "torch_fl.compat.enable_jiterator(): the jiterator compiles CUDA kernels, so flagos must be "
+            f"backed by CUDA (the cuda accelerator); here it runs on {torch_fl.accelerator()!r}"
+        )
 
 
-def enable() -> None:
-    global _original
-    with _lock:
-        if _original is not None:
-            return
-        if torch_fl.accelerator() != "cuda":
-            raise RuntimeError(
-                "torch_fl.compat.enable_jiterator(): the jiterator compiles CUDA kernels, so flagos must be "
-                f"backed by CUDA (the cuda accelerator); here it runs on {torch_fl.accelerator()!r}"
-            )
-        original = getattr(torch._C, _ENTRY, None)
-        if original is None:
-            raise RuntimeError(
-                f"torch_fl.compat.enable_jiterator(): torch {torch.__version__} has no torch._C.{_ENTRY} "
-                "(built without CUDA, or the jiterator's entry point changed)"
-            )
-        setattr(torch._C, _ENTRY, adapted(original))
-        _original = original
-
-
-def disable() -> None:
-    global _original
-    with _lock:
-        if _original is None:
-            return
-        setattr(torch._C, _ENTRY, _original)
-        _original = None
+layer = AttributeWrap("torch_fl.compat.enable_jiterator()", lambda: torch._C, _ENTRY, adapted, _check)
