@@ -4,7 +4,7 @@ CUDA (``import torch_fl.compat.cuda``, or :func:`enable_cuda`): on a machine who
 (the simulated one, another vendor's), ``device="cuda"``/``"cuda:N"``, ``.cuda()`` and the ``torch.cuda``
 device, stream, event, memory and RNG calls resolve to flagos. Never on by default, refused where real CUDA
 exists, undone by :func:`disable_cuda`. ``torch.cuda.is_available()`` and ``torch.version.cuda`` keep
-answering for CUDA (False and None here): docs/compat.md lists what changes and what platform checks see.
+answering for CUDA (False and None here): docs/ecosystem.md ("CUDA-written code") lists what changes and what platform checks see.
 
 Jiterator (:func:`enable_jiterator`): with flagos backed by CUDA, functions made by
 ``torch.cuda.jiterator._create_jit_fn`` take flagos tensors and return flagos tensors (torch launches them
