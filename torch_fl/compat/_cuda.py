@@ -1,7 +1,7 @@
 """The opt-in CUDA compatibility layer (torch_fl.compat.enable_cuda): the one place torch_fl changes torch's
 own attributes, each change recorded so that disable_cuda() puts back exactly what was there.
 
-What it changes, and nothing else (docs/compat.md says what platform checks see):
+What it changes, and nothing else (docs/ecosystem.md, "CUDA-written code", says what platform checks see):
 - ``torch.cuda.<name>`` for the device, stream, event, memory and RNG calls in ``_CUDA_TO_FLAGOS`` (and the
   same names in ``torch.cuda.memory``/``torch.cuda.random``): bound to torch.flagos's own functions and
   classes, so a device query costs what torch.flagos's does (no wrapper). torch.flagos's functions accept
