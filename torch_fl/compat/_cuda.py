@@ -1,5 +1,6 @@
-"""The opt-in CUDA compatibility layer (torch_fl.compat.enable_cuda): the one place torch_fl changes torch's
-own attributes, each change recorded so that disable_cuda() puts back exactly what was there.
+"""The opt-in CUDA compatibility layer (torch_fl.compat.enable_cuda), one of torch_fl.compat's layers (the
+only places torch_fl changes torch's own attributes): each change recorded so that disable_cuda() puts back
+exactly what was there.
 
 What it changes, and nothing else (docs/ecosystem.md, "CUDA-written code", says what platform checks see):
 - ``torch.cuda.<name>`` for the device, stream, event, memory and RNG calls in ``_CUDA_TO_FLAGOS`` (and the
