@@ -15,6 +15,7 @@ module does not import torch_fl, so that a reference process never does.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -81,6 +82,27 @@ class Ratio:
     def text(self, digits: int = 2) -> str:
         """``1.06  (1.02-1.09 over 9)``: the median, then the range and how many ratios it spans."""
         return f"{self.median:.{digits}f}  ({self.low:.2f}-{self.high:.2f} over {self.count})"
+
+
+def compiler_caches(empty_folder: str, shared: str | None = None) -> dict[str, str]:
+    """Environment variables naming Inductor's and Triton's caches for a fresh process: empty ones under
+    ``empty_folder`` (a first call then compiles everything, what the compile benchmarks measure), or the
+    caches kept in ``shared`` (``--compiler-cache``: runs after the first reuse what it compiled, so first
+    calls leave out what the folder holds; the tests of the benchmarks share one to save compile time)."""
+    folder = shared if shared else empty_folder
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+    }
+
+
+def add_compiler_cache_argument(parser) -> None:
+    parser.add_argument(
+        "--compiler-cache",
+        metavar="DIR",
+        help="keep Inductor's and Triton's caches in DIR, shared by every process and run, instead of empty "
+        "ones (first calls then leave out what DIR holds)",
+    )
 
 
 def synchronize(device: str | torch.device) -> None:

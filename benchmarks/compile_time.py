@@ -19,6 +19,9 @@ exceeds the native device's most. A short model (``--layers``) compiles in a min
 model's compiled step is slower on flagos (benchmarks/qwen3.py ``--compile``), this says whether a few
 layers show it too and in which host calls.
 
+``--compiler-cache DIR`` keeps Inductor's and Triton's caches in DIR instead of empty ones: later runs reuse
+what earlier ones compiled, so first calls leave that out (the benchmark's tests share one folder).
+
 Records (``--json``): the first call's flagos / native (medians over the processes; the range over the
 repeats' pairs), with ``--steps`` also the steady step's and the host's time per step.
 """
@@ -51,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900, help="seconds for each process")
     p.add_argument("--steps", type=int, default=0, help="train: timed steps after the first call")
     p.add_argument("--host-top", type=int, default=15, help="with --steps: host calls listed (0: no profile)")
+    common.add_compiler_cache_argument(p)
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON request: one device's measurement
     records.add_json_argument(p)
     args = p.parse_args(argv)
@@ -148,15 +152,14 @@ def _train_steps(master, device: str, ids, steps: int, profile: bool) -> tuple[f
     return first, result
 
 
-def run_child(request: dict, timeout: float) -> dict:
+def run_child(request: dict, timeout: float, shared_cache: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="flagos_compile_time_") as tmp:
         env = python_env()
-        # Empty caches: Inductor's (FX graphs, autotuning), Triton's kernels.
-        env.update(
-            TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-            TRITON_CACHE_DIR=os.path.join(tmp, "triton"),
-            TORCHINDUCTOR_FORCE_DISABLE_CACHES="1",
-        )
+        # Empty caches, Inductor's (FX graphs, autotuning) and Triton's kernels, and none kept across
+        # calls; or the ones --compiler-cache keeps.
+        env.update(common.compiler_caches(tmp, shared_cache))
+        if not shared_cache:
+            env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
         out = os.path.join(tmp, "result.json")
         command = [
             sys.executable,
@@ -200,7 +203,7 @@ def main(argv=None) -> int:
                 steps=args.steps,
                 host_top=args.host_top,
             )
-            runs[device].append(run_child(request, args.timeout))
+            runs[device].append(run_child(request, args.timeout, args.compiler_cache))
             print(f".. {device}: first call {runs[device][-1]['first']:.1f} s", flush=True)
     if any(r["imported_torch_fl"] for r in runs[native]):
         raise SystemExit(f"the {native} process imported torch_fl")

@@ -26,7 +26,8 @@ starts with empty caches and flagos runs first; the reference's first prefill an
 process of their own before (in this one it would find flagos's kernels compiled: the same Triton or C++
 source), in the same order; compiled training runs in a fresh process per device (the reference's never
 imports torch_fl), whose first step is its first call, and which times at least 20 steps (no pairs there
-but with ``--side-by-side``).
+but with ``--side-by-side``). ``--compiler-cache DIR`` keeps those caches in DIR instead, shared by every
+process and run, so first calls leave out what DIR holds (the benchmark's tests share one folder).
 First calls are reported for the first config only.
 Inductor has one GPU type per process, and with torch_fl it is flagos (docs/compile.md): the reference's
 compiled prefill and decode here run without Inductor's moving of CPU constructors to the GPU, which
@@ -303,12 +304,13 @@ class Workload:
 _STEPS_ELSEWHERE = 20
 
 
+# --compiler-cache: the folder every fresh process keeps its compiler caches in, or None for empty caches.
+_COMPILER_CACHE: str | None = None
+
+
 def _fresh_compiler_caches(folder: str) -> dict[str, str]:
-    """Environment variables giving Inductor and Triton empty caches under ``folder``."""
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
-        "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
-    }
+    """Environment variables giving Inductor and Triton empty caches under ``folder`` (or --compiler-cache's)."""
+    return common.compiler_caches(folder, _COMPILER_CACHE)
 
 
 @dataclasses.dataclass
@@ -529,9 +531,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the two training processes (eager or compiled) at the same time on the same GPU and CPUs, their "
         "timed steps in turns of 5 (paired blocks)",
     )
+    common.add_compiler_cache_argument(parser)
     records.add_json_argument(parser)
     args = parser.parse_args(argv)
     rec = records.Recorder(args, argv=argv)
+    global _COMPILER_CACHE
+    _COMPILER_CACHE = args.compiler_cache
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(_PARTS))
     if unknown or not parts:

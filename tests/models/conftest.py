@@ -67,3 +67,16 @@ def master_model(qwen3):
 def prompt_ids(qwen3, master_model):
     g = torch.Generator().manual_seed(1234)
     return torch.randint(0, master_model.config.vocab_size, (qwen3.batch, qwen3.prompt_length), generator=g)
+
+
+@pytest.fixture(scope="session")
+def compiler_cache(tmp_path_factory) -> str:
+    """One folder of Inductor's and Triton's caches for the compile benchmarks run by this test session
+    (their ``--compiler-cache``), shared by the pytest-xdist workers: what one run compiled, the next
+    reuses. The benchmarks' own default, empty caches in every process, is what they measure with."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's
+    folder = base / "compiler-cache"
+    folder.mkdir(exist_ok=True)
+    return str(folder)

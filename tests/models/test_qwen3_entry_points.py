@@ -221,12 +221,12 @@ def _paired_train_row(out: str, size: str, blocks: int) -> re.Match:
 
 
 @pytest.mark.slow
-def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path):
+def test_benchmark_compiled_training_side_by_side(run_python, qwen3, tmp_path, compiler_cache):
     """benchmarks/qwen3.py --compile --side-by-side: the two compiled training processes run at the same
     time and their timed steps take turns in blocks, which the table pairs (20 steps each at the least: 4
-    blocks of 5). The tiny shape, so that it compiles in a minute."""
+    blocks of 5). The tiny shape and the session's compiler caches, so that it compiles in under a minute."""
     args = ["-m", "benchmarks.qwen3", "--shape", "tiny", "--compile", "--parts", "train"]
-    args += ["--repeats", "1", "--batch", "1", "--train-length", "8"]
+    args += ["--repeats", "1", "--batch", "1", "--train-length", "8", "--compiler-cache", compiler_cache]
     args += ["--side-by-side", "--train-results", str(tmp_path)]
     result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
@@ -263,7 +263,8 @@ def test_benchmark_eager_training_side_by_side_with_host_diff(run_python, qwen3)
 @pytest.mark.slow
 def test_compile_time_benchmark(run_python, qwen3):
     """benchmarks/compile_time.py: the first compiled prefill on flagos and on the native device, each in a
-    fresh process, with Dynamo's phases side by side (one layer, so that it compiles in seconds)."""
+    fresh process with empty compiler caches (the benchmark's default), with Dynamo's phases side by side
+    (one layer, so that it compiles in seconds)."""
     args = ["-m", "benchmarks.compile_time", "--part", "prefill", "--shape", qwen3.shape]
     result = run_python("", args=[*args, "--layers", "1", "--length", "16", "--top", "5"], timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
@@ -278,11 +279,13 @@ def test_compile_time_benchmark(run_python, qwen3):
 
 
 @pytest.mark.slow
-def test_compile_time_benchmark_steps(run_python, qwen3):
+def test_compile_time_benchmark_steps(run_python, qwen3, compiler_cache):
     """benchmarks/compile_time.py --steps: after the first compiled training step, steady steps on each
-    device (synchronised, and the host's time per step) and the host calls flagos spends most over."""
+    device (synchronised, and the host's time per step) and the host calls flagos spends most over. With
+    the session's compiler caches (--compiler-cache)."""
     args = ["-m", "benchmarks.compile_time", "--part", "train", "--shape", qwen3.shape]
     args += ["--layers", "1", "--length", "8", "--top", "1", "--steps", "3", "--host-top", "3"]
+    args += ["--compiler-cache", compiler_cache]
     result = run_python("", args=args, timeout=TIMEOUT_S)
     assert result.returncode == 0, repr(result)
     out = result.stdout
