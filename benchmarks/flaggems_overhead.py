@@ -19,7 +19,9 @@ Printed per op: microseconds per launch, ``route / native``, ``route / direct`` 
 add, mul, silu, rms_norm, softmax, embedding, cat; ``vs_direct_...``, ``vs_torch_...``), and how many
 flaggems calls were replayed. Last, the floor: one launch of a one-kernel Triton add through the HAL
 (``torch_fl._C._kernel_launch`` repeated in C++, what a replay's launch costs with nothing around it), and
-what a replayed ``add`` costs beyond it (``--json``: ``add_vs_launch_floor_added_us``). ``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
+what a replayed ``add`` costs beyond it (``--json``: ``add_vs_launch_floor_added_us``).
+
+``direct`` has no torch in front of FlagGems, so ``route - direct`` includes what any torch
 call costs before it reaches a kernel (the Python binding, the dispatcher, autograd's no-grad check);
 ``route / torch`` compares like with like: what the route costs beyond FlagGems reached through torch.
 Needs an NVIDIA GPU, flagos on the cuda accelerator and FlagGems; elsewhere it says why and exits 2.
