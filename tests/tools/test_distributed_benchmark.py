@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
@@ -22,9 +23,12 @@ from harness.processes import python_env
 BENCHMARK = ["-m", "benchmarks.distributed"]
 
 
-def run_benchmark(args: list[str], *, accelerator: str, timeout: float) -> subprocess.CompletedProcess:
+def run_benchmark(
+    args: list[str], *, accelerator: str, timeout: float, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = python_env({k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")})
     env.update(FLAGOS_ACCELERATOR=accelerator, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env.update(env_extra or {})
     command = [sys.executable, *BENCHMARK, *args]
     returncode, output = run_stoppably(command, env, timeout)  # stopped: the benchmark, torchrun, the ranks
     if returncode is None:
@@ -291,28 +295,30 @@ except SystemExit as e:
     assert proc.stdout.splitlines() == [f"[({cpu},)]", "--cpus has 1 list(s), none for local rank 1"]
 
 
-def _running(fragment: str) -> list[str]:
-    """Command lines of the processes running that contain ``fragment``."""
+def _running_with(variable: str) -> list[str]:
+    """Command lines of the running processes whose environment holds ``variable`` (``NAME=value``): the
+    processes one launch started, told apart from those of tests running beside it in other workers."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if variable.encode() not in f.read().split(b"\0"):
+                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # gone, or not ours to read
             continue
-        if fragment in command:
-            found.append(command)
     return found
 
 
 def test_a_launch_past_its_time_limit_is_stopped_with_its_ranks(flagos_distributed):
-    example = "examples.train_qwen3_distributed"
-    assert not _running(example)
+    mark = f"TORCH_FL_TEST_LAUNCH={uuid.uuid4().hex}"
     args = ["--parts", "train", "--steps", "3", "--warmup", "1", "--repeats", "1", "--timeout", "3"]
-    proc = run_benchmark(args, accelerator="sim", timeout=150)
+    name, value = mark.split("=")
+    proc = run_benchmark(args, accelerator="sim", timeout=150, env_extra={name: value})
     assert proc.returncode == 1, proc.stdout[-6000:]
     assert "ddp on flagos: not finished within 3 s, stopped" in proc.stdout
-    assert not _running(example)  # torchrun stopped its ranks (they run in sessions of their own)
+    assert not _running_with(mark)  # torchrun stopped its ranks (they run in sessions of their own)
 
 
 @pytest.mark.parametrize(
