@@ -382,7 +382,7 @@ def _copy_into(out: torch.Tensor, result) -> None:
                 stacklevel=2,
             )
         out.resize_(result.shape)
-    out.copy_(result)
+    _C._routing_copy_into_out(out, result)  # out may be a native alias of flagos memory: the route's copy
 
 
 def _copy_results(outs, result):

@@ -435,9 +435,6 @@ void run_recorded_python_route(const c10::OperatorHandle& op, torch::jit::Stack*
     }
   }
   py::gil_scoped_acquire gil;
-  if (serves_out_overload_by_copy(op)) {
-    early = "an out= overload served by FlagGems' functional op, whose result the route copies";
-  }
   Outcome outcome;
   const size_t num_returns = op.schema().returns().size();
   ops::call_on_native_aliases(

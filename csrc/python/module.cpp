@@ -13,6 +13,7 @@
 
 #include "ops/routes/native_call.h"
 #include "python/bindings.h"
+#include "python/python_route_caller.h"
 #include "runtime/accelerator.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -209,6 +210,12 @@ PYBIND11_MODULE(_C, m) {
                 "a CUDA build of torch); the accelerator in use is ",
                 accelerator_name().value_or("?"));
     return flagos::ops::adopt_native(t);
+  });
+
+  // The end of an out adapter's Python tail (torch_fl._flaggems._copy_into): the route's copy into out.
+  m.def("_routing_copy_into_out", [](const at::Tensor& out, const at::Tensor& result) {
+    py::gil_scoped_release no_gil;  // as Tensor.copy_ from Python
+    flagos::python::copy_into_out(out, result);
   });
 
   flagos::python::bind_routing(m);

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "ops/routes/native_boxed.h"
+#include "ops/routes/native_call.h"
 #include "ops/routes/python.h"
 #include "ops/routing/router.h"
 #include "python/bindings.h"
@@ -236,7 +237,7 @@ void copy_into_outs(const CallPlan& plan, const c10::FunctionSchema& schema, con
     {
       // As Tensor.copy_ from Python: the copy runs without the GIL.
       py::gil_scoped_release no_gil;
-      for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(results[i]);
+      for (size_t i = 0; i < outs.size(); ++i) copy_into_out(outs[i], results[i]);
     }
     for (at::Tensor& out : outs) stack->push_back(std::move(out));
     return;
@@ -311,8 +312,20 @@ void resize_empty_outs(const c10::OperatorHandle& op, const CallPlan& plan,
 
 }  // namespace
 
-bool serves_out_overload_by_copy(const c10::OperatorHandle& op) {
-  return !plan_for(op)->is_out.empty();
+// `out` (on the python route, a native alias of the caller's out) given the values of `result`. A wrapper
+// may allocate its result as flagos memory rather than on its arguments' device (a vendor's wrapper
+// allocating on its device, the stand-in of harness/launch_stand_in): where out lies in flagos memory the
+// copy is then made between flagos tensors, into a flagos view of out, since a copy from flagos memory into
+// the alias would be a copy to the host where the native device is the CPU. Either way it is one copy the
+// launch recorder sees, from the result into out's memory. (An out the Python tail resized on the host has
+// host memory of its own: the plain copy is then the right one.)
+void copy_into_out(const at::Tensor& out, const at::Tensor& result) {
+  if (result.device().type() == c10::DeviceType::PrivateUse1 &&
+      out.device().type() != result.device().type() && ops::flagos_memory_device_of(out).has_value()) {
+    ops::adopt_native(out).copy_(result);
+  } else {
+    out.copy_(result);
+  }
 }
 
 // With the GIL held, on the aliased arguments.

@@ -10,12 +10,13 @@
 namespace flagos::python {
 
 // With the GIL held, on the aliased arguments at the top of `stack`: calls the op's Python implementation
-// and leaves its (native) results there.
+// and leaves its (native) results there. An out adapter's copies into its outs are made here too, so a
+// launch recording around this call sees them.
 void call_python_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Whether the op's implementation is an out adapter whose results the route copies into the out
-// arguments after the Python call (work a recording of the Python call does not see).
-bool serves_out_overload_by_copy(const c10::OperatorHandle& op);
+// `out` given the values of `result`, as an out adapter's end makes them (torch_fl._flaggems._copy_into
+// calls it too): where the result is flagos memory and `out` a native alias, through a flagos view of out.
+void copy_into_out(const at::Tensor& out, const at::Tensor& result);
 
 // The recording runner (ops::set_recording_runner): launch_recording.cpp.
 void run_recorded_python_route(const c10::OperatorHandle& op, torch::jit::Stack* stack,

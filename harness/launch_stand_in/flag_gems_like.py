@@ -13,8 +13,9 @@ kernels, later calls one).
 
 Refused, one per reason: ``neg`` (reads device data on the host), ``abs`` (runs an ATen op inside),
 ``sin`` (a pointer to memory it keeps between calls), ``cos`` (launches differ on every call),
-``uniform_`` (a random op, whose simulated generator keeps no Philox offset), ``mm.out`` (an out=
-overload served by the functional ``mm``, whose result the route copies).
+``uniform_`` (a random op, whose simulated generator keeps no Philox offset), ``mm`` (an ATen op inside;
+its out= overload, served by an adapter of ``mm``, refuses with it). ``add.out`` is served by an adapter
+of ``add.Tensor``: replayed, with the route's copy into out.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ REFUSED = {
     "aten::sin": "kernel fill_kernel's pointer parameter 0 points into memory the call neither received nor allocated",
     "aten::cos": "its recordings differ from call to call (launch 0's arguments at parameter byte 10)",
     "aten::uniform_": "its generator keeps no Philox offset",
-    "aten::mm.out": "an out= overload served by FlagGems' functional op, whose result the route copies",
+    "aten::mm.out": "runs aten::mm inside the wrapper",  # an out= adapter refuses as its functional op does
 }
 
 
@@ -283,21 +283,80 @@ def a_recorder_that_cannot_classify_refuses():
     assert any("which the recorder cannot classify (no storage to compare)" in r for r in refused), refused
 
 
+def out_adapters_are_replayed():
+    """An out= overload served by an adapter of FlagGems' functional op: the wrapper's launches and the
+    route's copy of the result into out make one plan. Replayed, the values land in the caller's out (also
+    where out is an input, a strided view or of a wider dtype), which is what the call returns; an out the
+    result must resize stays on the Python path, with torch's warning."""
+    fresh()
+    op = "aten::add.out"
+
+    def replayed():
+        return op_counts(op).get("replayed", 0)
+
+    with routing.override({op: "flaggems"}):
+        for _ in range(4):
+            x, y = rand(100), rand(100)
+            out = torch.full((100,), 7.0, device=DEV)
+            assert torch.add(x, y, alpha=2.0, out=out) is out
+            close(out, x.cpu() + 2.0 * y.cpu())
+        assert op_counts(op)["recorded"] == 2 and replayed() == 2, op_counts(op)
+
+        before = replayed()
+        for _ in range(4):  # out is the first input: the functional result is whole before the copy
+            x, y = rand(100), rand(100)
+            expected = x.cpu() + y.cpu()
+            assert torch.add(x, y, out=x) is x
+            close(x, expected)
+        assert replayed() >= before + 2, op_counts(op)
+
+        before = replayed()
+        for _ in range(4):  # a column of a matrix: the copy writes through out's strides, nothing else
+            x, y = rand(6), rand(6)
+            m = rand(6, 4)
+            expected = m.cpu()
+            expected[:, 1] = x.cpu() + y.cpu()
+            torch.add(x, y, out=m[:, 1])
+            close(m, expected)
+        assert replayed() == before + 2, op_counts(op)
+
+        before = replayed()
+        for _ in range(4):  # float into double: the copy casts
+            x, y = rand(50), rand(50)
+            out = torch.empty(50, dtype=torch.float64, device=DEV)
+            torch.add(x, y, out=out)
+            torch.testing.assert_close(out.cpu(), (x.cpu() + y.cpu()).double())
+        assert replayed() == before + 2, op_counts(op)
+
+        before = replayed()
+        for _ in range(3):  # an out with elements and another shape: resized, as torch does, in Python
+            x, y = rand(30), rand(30)
+            out = torch.empty(4, device=DEV)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.add(x, y, out=out)
+            assert any("was resized" in str(w.message) for w in caught), [str(w.message) for w in caught]
+            close(out, x.cpu() + y.cpu())
+        assert replayed() == before, op_counts(op)
+    assert routing.replay_counts()["refused"].get("runs aten::resize_ inside the wrapper", 0) > 0
+
+
 def an_error_inside_a_recording_keeps_its_message():
     """An exception raised while a call records, from an ATen call the route itself makes under the
-    recorder's dispatch mode, reaches the caller with its message. Here: add.out is served by an adapter of
-    the stand-in's add, whose result is flagos memory, while the simulated accelerator hands the Python
-    path host aliases, so the route's copy into out fails."""
+    recorder's dispatch mode, reaches the caller with its message, and the caller's out is left as it was.
+    Here: the route's copy into an out whose elements share memory (an expanded tensor), which torch
+    refuses."""
     fresh()
     with routing.override({"aten::add.out": "flaggems"}):
         x, y = rand(10), rand(10)
-        out = torch.empty(10, device=DEV)
+        base = torch.full((1,), 3.0, device=DEV)
         try:
-            torch.add(x, y, out=out)
+            torch.add(x, y, out=base.expand(10))
         except RuntimeError as exc:
-            assert "flagos_memcpy_async" in str(exc), exc
+            assert "single memory location" in str(exc), exc
         else:
-            raise AssertionError("the copy into out was expected to fail on the simulated accelerator")
+            raise AssertionError("a copy into an internally overlapping out was expected to fail")
+        assert base.item() == 3.0
 
 
 def switched_off():
@@ -462,6 +521,7 @@ SCENARIOS = [
     refusals_by_reason,
     a_pointer_past_an_allocation_is_not_guessed,
     a_recorder_that_cannot_classify_refuses,
+    out_adapters_are_replayed,
     an_error_inside_a_recording_keeps_its_message,
     switched_off,
     bounded_cache,

@@ -553,25 +553,27 @@ at::Tensor alias_as_native(const at::Tensor& flagos) {
       type, flagos);
 }
 
+std::optional<c10::DeviceIndex> flagos_memory_device_of(const at::Tensor& native_tensor) {
+  if (native_tensor.device().type() != native().type) return std::nullopt;
+  if (!native().host_kernels) return native_tensor.device().index();
+  // Host memory (the CPU is the native device on a HAL): flagos memory directly or as the view of a flagos
+  // storage, whose device is the one the allocator handed it out on.
+  const c10::DataPtr* data = &native_tensor.storage().data_ptr();
+  while (const c10::StorageImpl* owner = runtime::borrowed_from(*data)) data = &owner->data_ptr();
+  return runtime::flagos_memory_device(*data);
+}
+
 at::Tensor adopt_native(const at::Tensor& native_tensor) {
   const c10::DeviceType type = native().type;
   TORCH_CHECK(native_tensor.device().type() == type,
               "expected a tensor on the flagos accelerator's native device (",
               c10::DeviceTypeName(type, true), "), got one on ", native_tensor.device());
-  c10::DeviceIndex index = native_tensor.device().index();
-  if (native().host_kernels) {
-    // Host memory (the CPU is the native device on a HAL): it must be flagos memory, directly or as the view
-    // of a flagos storage, and its device is the one the allocator handed it out on.
-    const c10::DataPtr* data = &native_tensor.storage().data_ptr();
-    while (const c10::StorageImpl* owner = runtime::borrowed_from(*data)) data = &owner->data_ptr();
-    const std::optional<c10::DeviceIndex> owner_device = runtime::flagos_memory_device(*data);
-    TORCH_CHECK(owner_device.has_value(),
-                "the tensor's memory is not flagos memory (on this accelerator a flagos tensor must live in "
-                "memory the flagos allocator handed out): allocate on flagos and write through a native view "
-                "of it instead");
-    index = *owner_device;
-  }
-  const c10::Device device(kFlagos, index);
+  const std::optional<c10::DeviceIndex> index = flagos_memory_device_of(native_tensor);
+  TORCH_CHECK(index.has_value(),
+              "the tensor's memory is not flagos memory (on this accelerator a flagos tensor must live in "
+              "memory the flagos allocator handed out): allocate on flagos and write through a native view "
+              "of it instead");
+  const c10::Device device(kFlagos, *index);
   return tensor_over(borrowed_storage(native_tensor.storage(), device, native().flagos_allocator), kFlagos,
                      native_tensor);
 }

@@ -135,5 +135,9 @@ at::Tensor alias_as_native(const at::Tensor& flagos);
 
 // The reverse: a flagos tensor over the memory of a native-device tensor (torch_fl.from_cuda).
 at::Tensor adopt_native(const at::Tensor& native);
+// The flagos device whose memory a native-device tensor lies in, which adopt_native needs: with device
+// kernels any tensor of the native device's type; with host kernels (a CPU tensor) only one over flagos
+// memory, not host memory of its own. nullopt otherwise.
+std::optional<c10::DeviceIndex> flagos_memory_device_of(const at::Tensor& native);
 
 }  // namespace flagos::ops
