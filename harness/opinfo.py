@@ -36,6 +36,7 @@ import json
 import re
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable
@@ -289,6 +290,28 @@ class OpDtypeResult:
     seconds: float = 0.0
 
 
+def sample_inputs(op, device: str, dtype: torch.dtype):
+    """``op.sample_inputs(device, dtype)``, asked for on a thread of its own. Asking, torch's OpInfo looks
+    for the unittest test that asks by walking the caller's stack with ``inspect.stack()``, which reads the
+    source of every frame and finds each frame's module among all those loaded; under pytest, in a process
+    that has imported the ecosystem tests' libraries, that walk cost more than the samples themselves (about
+    0.2 s an op and dtype). A fresh thread's stack is one frame deep. The samples are then drawn here."""
+    found: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            found["samples"] = op.sample_inputs(device, dtype, requires_grad=False)
+        except BaseException as exc:  # noqa: BLE001  (raised again on the caller's thread)
+            found["error"] = exc
+
+    thread = threading.Thread(target=ask, name="opinfo-samples", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["samples"]
+
+
 def check_op(
     op,
     dtype: torch.dtype,
@@ -311,8 +334,7 @@ def check_op(
             with time_limit(sample_timeout_s):
                 samples = list(
                     itertools.islice(
-                        op.sample_inputs(ref_device, dtype, requires_grad=False),
-                        max_samples if max_samples > 0 else None,
+                        sample_inputs(op, ref_device, dtype), max_samples if max_samples > 0 else None
                     )
                 )
         except Exception as exc:  # noqa: BLE001
