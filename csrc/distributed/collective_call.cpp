@@ -15,8 +15,6 @@ namespace {
 
 using c10d::ReduceOp;
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
-
 void divide(const at::Tensor& t, int64_t n) {
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
     t.div_(n, "trunc");

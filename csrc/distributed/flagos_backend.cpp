@@ -14,8 +14,6 @@
 namespace flagos::distributed {
 namespace {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
-
 // The flagos device a barrier names, where torch's BarrierOptions has a device (torch 2.13 has; the
 // field's presence is checked so that the code builds against any torch that lacks it).
 template <class Options, class = void>

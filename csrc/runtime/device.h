@@ -4,6 +4,13 @@
 
 #include <c10/core/Device.h>
 
+namespace flagos {
+
+// flagos's device type.
+inline constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
+
+}  // namespace flagos
+
 namespace flagos::runtime {
 
 c10::DeviceIndex current_device();

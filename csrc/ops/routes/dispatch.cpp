@@ -40,22 +40,22 @@ struct CallRegistry {
   std::array<uint64_t, kCountSlots> retired{};  // counts of exited threads since the last reset (mu)
 };
 
-CallRegistry& registry() {
+CallRegistry& call_registry() {
   static CallRegistry* r = new CallRegistry();  // leaked: threads may exit during static destruction
   return *r;
 }
 
 struct ThreadCalls {
   std::array<std::atomic<uint64_t>, kCountSlots> counts{};
-  std::array<uint64_t, kCountSlots> base{};  // the counts at the last reset (registry().mu)
+  std::array<uint64_t, kCountSlots> base{};  // the counts at the last reset (call_registry().mu)
 
   ThreadCalls() {
-    CallRegistry& r = registry();
+    CallRegistry& r = call_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.threads.push_back(this);
   }
   ~ThreadCalls() {
-    CallRegistry& r = registry();
+    CallRegistry& r = call_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     for (int k = 0; k < kCountSlots; ++k) r.retired[k] += counts[k].load(std::memory_order_relaxed) - base[k];
     r.threads.erase(std::find(r.threads.begin(), r.threads.end(), this));
@@ -75,7 +75,7 @@ ThreadCalls& thread_calls() {
 }
 
 std::array<uint64_t, kCountSlots> call_counts() {
-  CallRegistry& r = registry();
+  CallRegistry& r = call_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::array<uint64_t, kCountSlots> total = r.retired;
   for (const ThreadCalls* t : r.threads) {
@@ -217,7 +217,7 @@ std::array<uint64_t, kNumBackends> backend_call_counts() {
 }
 
 void reset_backend_call_counts() {
-  CallRegistry& r = registry();
+  CallRegistry& r = call_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.retired.fill(0);
   for (ThreadCalls* t : r.threads) {

@@ -23,7 +23,6 @@
 namespace flagos::ops {
 namespace {
 
-using native_memory::kFlagos;
 using native_memory::map_tensors;
 using native_memory::tensor_over;
 using runtime::capture::Recording;

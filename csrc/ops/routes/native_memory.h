@@ -23,11 +23,10 @@
 
 #include "runtime/allocator.h"
 #include "runtime/borrowed_memory.h"
+#include "runtime/device.h"
 #include "runtime/native_device.h"
 
 namespace flagos::ops::native_memory {
-
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
 // Whether two tensors have the same sizes and strides: an inline loop over their few dimensions, where
 // ArrayRef's == calls memcmp (a call per comparison, on every alias and every adopted argument).

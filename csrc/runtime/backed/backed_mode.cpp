@@ -20,13 +20,12 @@
 
 #include "runtime/backed/backed_mode.h"
 #include "runtime/borrowed_memory.h"
+#include "runtime/device.h"
 #include "runtime/hal_runtime.h"
 #include "runtime/mode.h"
 
 namespace flagos::runtime::backed_mode {
 namespace {
-
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
 // The type and torch's machinery for it: the guard read when the mode is made, the allocators once torch
 // has initialised the type (BackedMode::init; every use of them comes after it).
