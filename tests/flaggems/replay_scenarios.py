@@ -283,6 +283,21 @@ def a_recorder_that_cannot_classify_refuses():
     assert any("which the recorder cannot classify (no storage to compare)" in r for r in refused), refused
 
 
+def views_of_one_storage_are_keyed_by_their_distance():
+    """Arguments that are views of one storage: a recording resolves each pointer to the first argument
+    whose memory holds it (here the second view starts inside the first), so how far apart the views lie
+    is part of the signature; views lying elsewhere in the storage make another signature, never a replay
+    of the first one's pointers."""
+    fresh()
+    m = rand(64)
+    mc = m.cpu()
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        for j in (4, 4, 4, 8, 12, 8, 8):
+            close(torch.add(m[0:8], m[j : j + 8]), mc[0:8] + mc[j : j + 8])
+    c = op_counts("aten::add.Tensor")
+    assert (c["signatures"], c["replayed"]) == (3, 2), c
+
+
 def out_adapters_are_replayed():
     """An out= overload served by an adapter of FlagGems' functional op: the wrapper's launches and the
     route's copy of the result into out make one plan. Replayed, the values land in the caller's out (also
@@ -521,6 +536,7 @@ SCENARIOS = [
     refusals_by_reason,
     a_pointer_past_an_allocation_is_not_guessed,
     a_recorder_that_cannot_classify_refuses,
+    views_of_one_storage_are_keyed_by_their_distance,
     out_adapters_are_replayed,
     an_error_inside_a_recording_keeps_its_message,
     switched_off,

@@ -68,16 +68,25 @@ class KeyBuilder {
     for (int64_t s : t.strides()) word(s);
     const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
     word(static_cast<int64_t>(address & 15) | (t.is_conj() ? 16 : 0) | (t.is_neg() ? 32 : 0));
-    // Which earlier tensor argument shares this one's memory: a wrapper may check for overlap.
+    // Which earlier tensor argument shares this one's memory (a wrapper may check for overlap), and how far
+    // apart their data lie: a recording resolves each pointer to the first argument whose memory holds it,
+    // so a view inside another's memory is planned as that one's pointer plus the distance, which must then
+    // be the same on every call of the signature.
     const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     int64_t shared = -1;
+    int64_t distance = 0;
     for (size_t i = 0; i < tensors_->size(); ++i) {
-      if ((*tensors_)[i]->storage().unsafeGetStorageImpl() == storage) {
+      const c10::TensorImpl* other = (*tensors_)[i];
+      if (other->storage().unsafeGetStorageImpl() == storage) {
         shared = static_cast<int64_t>(i);
+        // In bytes, from the storage offsets (one storage, so the same base).
+        distance = t.storage_offset() * static_cast<int64_t>(t.itemsize()) -
+                   other->storage_offset() * static_cast<int64_t>(other->itemsize());
         break;
       }
     }
     word(shared);
+    if (shared >= 0) word(distance);
     tensors_->push_back(t.unsafeGetTensorImpl());
     host_->push_back(false);
     return true;
