@@ -336,6 +336,9 @@ PlannedOutput plan_output(const at::Tensor& t, const c10::SmallVectorImpl<Argume
     if (arguments[k].storage_data == storage) {
       out.kind = PlannedOutput::kViewOfArgument;
       out.index = static_cast<uint32_t>(k);
+      const c10::TensorImpl& argument = *arguments[k].impl;
+      out.storage_offset = t.storage_offset() * static_cast<int64_t>(t.itemsize()) -
+                           argument.storage_offset() * static_cast<int64_t>(argument.itemsize());
       return out;
     }
   }

@@ -298,6 +298,32 @@ def views_of_one_storage_are_keyed_by_their_distance():
     assert (c["signatures"], c["replayed"]) == (3, 2), c
 
 
+def a_view_of_an_argument_follows_it():
+    """A result that is a view of an argument is planned where it lies relative to the argument, not in its
+    storage: the same signature with the argument elsewhere in its storage returns the view there."""
+    fresh()
+    op = "aten::add.Tensor"
+    impl = torch_fl._flaggems.implementation(op)
+
+    def add_then_a_view_of_x(x, y, *, alpha=1):
+        impl(x, y, alpha=alpha)  # launches, its result dropped
+        return x[1:]
+
+    m, y = rand(64), rand(10)
+    mc = m.cpu()
+    with routing.override({op: "flaggems"}):
+        _C._routing_set_flaggems_impl(op, add_then_a_view_of_x)
+        try:
+            for j in (0, 0, 0, 4, 8):  # 4 and 8 floats on: the same 16-byte residue, the same signature
+                r = torch.add(m[j : j + 10], y)
+                assert r.storage_offset() == j + 1, (j, r.storage_offset())
+                close(r, mc[j + 1 : j + 10])
+        finally:
+            _C._routing_set_flaggems_impl(op, impl)
+    c = op_counts(op)
+    assert (c["signatures"], c["replayed"]) == (1, 3), c
+
+
 def out_adapters_are_replayed():
     """An out= overload served by an adapter of FlagGems' functional op: the wrapper's launches and the
     route's copy of the result into out make one plan. Replayed, the values land in the caller's out (also
@@ -537,6 +563,7 @@ SCENARIOS = [
     a_pointer_past_an_allocation_is_not_guessed,
     a_recorder_that_cannot_classify_refuses,
     views_of_one_storage_are_keyed_by_their_distance,
+    a_view_of_an_argument_follows_it,
     out_adapters_are_replayed,
     an_error_inside_a_recording_keeps_its_message,
     switched_off,

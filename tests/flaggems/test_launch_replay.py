@@ -43,6 +43,7 @@ NAMES = [
     "a_pointer_past_an_allocation_is_not_guessed",
     "a_recorder_that_cannot_classify_refuses",
     "views_of_one_storage_are_keyed_by_their_distance",
+    "a_view_of_an_argument_follows_it",
     "out_adapters_are_replayed",
     "an_error_inside_a_recording_keeps_its_message",
     "switched_off",

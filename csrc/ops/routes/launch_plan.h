@@ -119,6 +119,8 @@ struct PlannedOutput {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::SmallVector<int64_t, 6> sizes;
   c10::SmallVector<int64_t, 6> strides;
+  // kAllocation: the storage offset in elements. kViewOfArgument: bytes from the argument's data to the
+  // view's, since the argument may lie elsewhere in its storage on a later call of the same signature.
   int64_t storage_offset = 0;
 };
 

@@ -237,12 +237,21 @@ const char* run_plan(const LaunchPlan& plan, const c10::OperatorHandle& op, torc
       results.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(tensors[out.index])));
       continue;
     }
-    c10::Storage storage =
-        out.kind == PlannedOutput::kAllocation ? storage_of(out.index) : tensors[out.index]->storage();
+    c10::Storage storage;
+    int64_t storage_offset = out.storage_offset;
+    if (out.kind == PlannedOutput::kAllocation) {
+      storage = storage_of(out.index);
+    } else {
+      const c10::TensorImpl* argument = tensors[out.index];
+      storage = argument->storage();
+      const int64_t bytes =
+          argument->storage_offset() * static_cast<int64_t>(argument->itemsize()) + out.storage_offset;
+      storage_offset = bytes / static_cast<int64_t>(c10::elementSize(out.dtype));
+    }
     auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                      c10::scalarTypeToTypeMeta(out.dtype));
-    impl->set_sizes_and_strides(out.sizes, out.strides, out.storage_offset);
+    impl->set_sizes_and_strides(out.sizes, out.strides, storage_offset);
     results.emplace_back(at::Tensor(std::move(impl)));
   }
   torch::jit::drop(*stack, num_args);
