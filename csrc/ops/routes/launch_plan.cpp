@@ -72,14 +72,16 @@ class KeyBuilder {
     // apart their data lie: a recording resolves each pointer to the first argument whose memory holds it,
     // so a view inside another's memory is planned as that one's pointer plus the distance, which must then
     // be the same on every call of the signature.
-    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    // Storages are compared by their memory, not their identity: two storages may hold the same memory (a
+    // tensor and one adopted from its native alias, torch_fl.from_cuda).
+    const void* memory = t.storage().data();
     int64_t shared = -1;
     int64_t distance = 0;
     for (size_t i = 0; i < tensors_->size(); ++i) {
       const c10::TensorImpl* other = (*tensors_)[i];
-      if (other->storage().unsafeGetStorageImpl() == storage) {
+      if (other->storage().data() == memory) {
         shared = static_cast<int64_t>(i);
-        // In bytes, from the storage offsets (one storage, so the same base).
+        // In bytes, from the storage offsets (the same memory, so the same base).
         distance = t.storage_offset() * static_cast<int64_t>(t.itemsize()) -
                    other->storage_offset() * static_cast<int64_t>(other->itemsize());
         break;
