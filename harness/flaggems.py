@@ -76,7 +76,9 @@ class CallCounter:
     ``calls`` counts calls of FlagGems' Python wrapper; ``replayed`` calls replayed from recorded launches
     (docs/flaggems.md), which run no Python. The wrapper registered is one per op and implementation,
     shared by every counter of the op (it counts for the one entered): launch plans are forgotten when an
-    op's implementation changes, so they then survive from one counter to the next."""
+    op's implementation changes, so they then survive from one counter to the next. Inside the block a call
+    FlagGems fails raises FlagGems' error rather than running again natively
+    (``torch_fl.routing.set_flaggems_fallback``): what is counted is FlagGems, failures included."""
 
     _wrappers: dict = {}  # (op, implementation) -> the counting wrapper registered for it
     _entered: dict = {}  # op -> the counter entered
@@ -119,11 +121,15 @@ class CallCounter:
     def __enter__(self):
         CallCounter._entered[self.op] = self
         self._replayed_at_entry = self._replay_count()
+        routing = _torch_fl().routing
+        self._fallback_at_entry = routing.flaggems_fallback_enabled()
+        routing.set_flaggems_fallback(False)
         _torch_fl()._C._routing_set_flaggems_impl(self.op, self.wrapper())
         return self
 
     def __exit__(self, *exc):
         _torch_fl()._C._routing_set_flaggems_impl(self.op, self.impl)
+        _torch_fl().routing.set_flaggems_fallback(self._fallback_at_entry)
         self._replayed += self._replay_count() - self._replayed_at_entry
         CallCounter._entered.pop(self.op, None)
 

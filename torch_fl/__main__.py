@@ -72,6 +72,8 @@ def _flaggems_lines() -> None:
 
     state = "on" if routing.replay_enabled() else "off (FLAGOS_FLAGGEMS_REPLAY=0)"
     _line("FlagGems launch replay", f"{state}, up to {_C._replay_signature_limit()} signatures per op")
+    fallback = "on" if routing.flaggems_fallback_enabled() else "off (FLAGOS_FLAGGEMS_FALLBACK=0)"
+    _line("FlagGems failures", f"native fallback {fallback}")
     counts = routing.replay_counts()
     if counts["replayed"] or counts["recorded"] or counts["python"]:
         _line(

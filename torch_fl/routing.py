@@ -45,6 +45,8 @@ __all__ = [
     "replay_counts",
     "set_replay",
     "replay_enabled",
+    "set_flaggems_fallback",
+    "flaggems_fallback_enabled",
     "package_config",
 ]
 
@@ -194,6 +196,18 @@ def set_replay(enabled: bool) -> None:
 
 def replay_enabled() -> bool:
     return bool(_C._replay_enabled())
+
+
+def set_flaggems_fallback(enabled: bool) -> None:
+    """Whether a call FlagGems fails (an exception from its Python code) runs again on the native route, for
+    functional ops that draw no random numbers, with one warning per op naming the error; on by default,
+    ``FLAGOS_FLAGGEMS_FALLBACK=0`` turns it off from the start. Off, FlagGems' exception reaches the caller.
+    Where the native route fails as well, its error is the one raised."""
+    _C._flaggems_set_fallback(bool(enabled))
+
+
+def flaggems_fallback_enabled() -> bool:
+    return bool(_C._flaggems_fallback_enabled())
 
 
 def package_config(name: str) -> str:

@@ -19,6 +19,8 @@
 #include <c10/util/SmallVector.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "ops/routes/native_boxed.h"
@@ -389,11 +391,31 @@ void load_flaggems() {
   }
 }
 
+// The flaggems route's failure filter (ops/routes/python.h): a Python exception of class Exception, as
+// "TypeName: first line of its message"; KeyboardInterrupt, SystemExit and C++ errors are not FlagGems'.
+// FlagGems' own in-place and out functions may have written part of an argument before failing; an out
+// adapter fails in the functional op, before its copy.
+std::optional<std::string> flaggems_failure(const c10::OperatorHandle& op, const std::exception& error) {
+  const auto* python = dynamic_cast<const py::error_already_set*>(&error);
+  if (python == nullptr) return std::nullopt;
+  py::gil_scoped_acquire gil;
+  if (!python->matches(PyExc_Exception)) return std::nullopt;
+  for (const c10::Argument& argument : op.schema().arguments()) {
+    const bool written = argument.alias_info() != nullptr && argument.alias_info()->isWrite();
+    if (written && plan_for(op)->is_out.empty()) return std::nullopt;
+  }
+  std::string message = py::str(python->value()).cast<std::string>();
+  message = message.substr(0, message.find('\n'));
+  if (message.size() > 200) message = message.substr(0, 200) + "...";
+  return python->type().attr("__name__").cast<std::string>() + ": " + message;
+}
+
 }  // namespace
 
 void install_python_route() {
   ops::set_python_route_runner(&run_python_route);
   ops::set_recording_runner(&run_recorded_python_route);
+  ops::set_flaggems_failure_filter(&flaggems_failure);
   ops::set_flaggems_loader(&load_flaggems);
 }
 

@@ -8,6 +8,7 @@
 #include "ops/routes/dispatch.h"
 #include "ops/routes/entry_kernels.h"
 #include "ops/routes/launch_replay.h"
+#include "ops/routes/python.h"
 #include "ops/routing/explain.h"
 #include "ops/routing/router.h"
 #include "python/bindings.h"
@@ -159,6 +160,8 @@ void bind_routing(py::module_& m) {
     d["ops"] = per_op;
     return d;
   });
+  m.def("_flaggems_fallback_enabled", &ops::flaggems_fallback_enabled);
+  m.def("_flaggems_set_fallback", &ops::set_flaggems_fallback);
   m.def("_replay_enabled", &ops::replay::enabled);
   m.def("_replay_set_enabled", &ops::replay::set_enabled);
   m.def("_replay_signature_limit", &ops::replay::signature_limit);

@@ -324,6 +324,103 @@ def a_view_of_an_argument_follows_it():
     assert (c["signatures"], c["replayed"]) == (1, 3), c
 
 
+def a_call_flaggems_fails_runs_natively():
+    """FlagGems raising where torch does not (a defect of its wrapper): the call of a functional op, or of
+    an out adapter, runs again on the native route, with one warning per op naming the error. Bad input gets
+    the native route's own error; FlagGems' own in-place op, KeyboardInterrupt and the switch turned off
+    raise FlagGems' exception."""
+    fresh()
+    impls = {op: torch_fl._flaggems.implementation(op) for op in ("aten::sum", "aten::add_.Tensor")}
+    interrupt = []
+
+    def sum_failing_on_0_dim(x, *, dtype=None):
+        if interrupt:
+            raise KeyboardInterrupt
+        if x.dim() == 0:
+            return 1 // 0  # as a wrapper dividing by a 0-dim tensor's block count would
+        return impls["aten::sum"](x, dtype=dtype)
+
+    def failing_add_(x, y, *, alpha=1):
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    with routing.override({"aten::sum": "flaggems", "aten::add_.Tensor": "flaggems"}):
+        _C._routing_set_flaggems_impl("aten::sum", sum_failing_on_0_dim)
+        _C._routing_set_flaggems_impl("aten::add_.Tensor", failing_add_)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(3):
+                    s = rand(())
+                    close(torch.sum(s), s.cpu())
+                    v = rand(40)
+                    close(torch.sum(v), v.cpu().sum())  # FlagGems' sum where it works
+            said = [str(w.message) for w in caught if "FlagGems' implementation" in str(w.message)]
+            assert len(said) == 1 and "aten::sum raised ZeroDivisionError" in said[0], said
+
+            x = rand(5)
+            before = x.cpu()
+            try:
+                x.add_(rand(5))
+            except ZeroDivisionError:
+                close(x, before)  # an in-place op runs no second time: its error, x as it was
+            else:
+                raise AssertionError("add_ was expected to raise FlagGems' error")
+
+            interrupt.append(True)
+            try:
+                torch.sum(rand(()))
+            except KeyboardInterrupt:
+                pass
+            else:
+                raise AssertionError("KeyboardInterrupt was expected to reach the caller")
+            interrupt.clear()
+
+            routing.set_flaggems_fallback(False)
+            try:
+                torch.sum(rand(()))
+            except ZeroDivisionError:
+                pass
+            else:
+                raise AssertionError("with the fallback off, FlagGems' error was expected")
+            finally:
+                routing.set_flaggems_fallback(True)
+        finally:
+            for op, impl in impls.items():
+                _C._routing_set_flaggems_impl(op, impl)
+
+    def adding_nothing_well(x, y, *, alpha=1):
+        raise RuntimeError("FlagGems' own words")
+
+    # An out adapter fails in FlagGems' functional op, before its copy into out: run again natively too.
+    with routing.override({"aten::add.out": "flaggems"}):
+        adapter = torch_fl._flaggems.implementation("aten::add.out")
+        failing = torch_fl._flaggems._out_adapter(adding_nothing_well, "aten::add.Tensor", ["out"])
+        _C._routing_set_flaggems_impl("aten::add.out", failing)
+        try:
+            x, y, out = rand(6), rand(6), rand(6)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert torch.add(x, y, out=out) is out
+            close(out, x.cpu() + y.cpu())
+            assert any(
+                "aten::add.out raised RuntimeError: FlagGems' own words" in str(w.message) for w in caught
+            )
+        finally:
+            _C._routing_set_flaggems_impl("aten::add.out", adapter)
+
+    with routing.override({"aten::add.Tensor": "flaggems"}):
+        impl = torch_fl._flaggems.implementation("aten::add.Tensor")
+        _C._routing_set_flaggems_impl("aten::add.Tensor", adding_nothing_well)
+        try:
+            torch.add(rand(3), rand(4))  # bad input: the native route's own error
+        except RuntimeError as exc:
+            assert "must match the size of tensor b" in str(exc), exc
+        else:
+            raise AssertionError("adding tensors of sizes 3 and 4 was expected to fail")
+        finally:
+            _C._routing_set_flaggems_impl("aten::add.Tensor", impl)
+
+
 def out_adapters_are_replayed():
     """An out= overload served by an adapter of FlagGems' functional op: the wrapper's launches and the
     route's copy of the result into out make one plan. Replayed, the values land in the caller's out (also
@@ -564,6 +661,7 @@ SCENARIOS = [
     a_recorder_that_cannot_classify_refuses,
     views_of_one_storage_are_keyed_by_their_distance,
     a_view_of_an_argument_follows_it,
+    a_call_flaggems_fails_runs_natively,
     out_adapters_are_replayed,
     an_error_inside_a_recording_keeps_its_message,
     switched_off,

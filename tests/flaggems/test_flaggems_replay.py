@@ -22,7 +22,11 @@ def gems():
     status = _flaggems.load()
     if not status.available:
         pytest.skip(f"FlagGems is unavailable: {status.reason}")
-    return status
+    # What is compared is FlagGems' work: a call it fails raises rather than running natively.
+    was = routing.flaggems_fallback_enabled()
+    routing.set_flaggems_fallback(False)
+    yield status
+    routing.set_flaggems_fallback(was)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ NAMES = [
     "a_recorder_that_cannot_classify_refuses",
     "views_of_one_storage_are_keyed_by_their_distance",
     "a_view_of_an_argument_follows_it",
+    "a_call_flaggems_fails_runs_natively",
     "out_adapters_are_replayed",
     "an_error_inside_a_recording_keeps_its_message",
     "switched_off",

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "ops/routes/dispatch.h"
+#include "ops/routes/env_switch.h"
 #include "ops/routing/router.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
@@ -53,13 +54,6 @@ struct Cache {
 Cache& cache() {
   static Cache* c = new Cache();  // leaked: calls may come during static destruction
   return *c;
-}
-
-bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return !(std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0 ||
-           std::strcmp(v, "no") == 0);
 }
 
 size_t env_size(const char* name, size_t fallback) {
