@@ -32,6 +32,16 @@ def close(actual, expected):
     torch.testing.assert_close(actual.cpu(), expected, rtol=1e-6, atol=1e-6)
 
 
+def expect_raises(kind, call, words=""):
+    """Runs `call`, which must raise `kind` with `words` in its message."""
+    try:
+        call()
+    except kind as exc:
+        assert words in str(exc), exc
+    else:
+        raise AssertionError(f"{kind.__name__} was expected")
+
+
 def op_counts(op):
     return routing.replay_counts()["ops"].get(op, {})
 
@@ -359,29 +369,16 @@ def a_call_flaggems_fails_runs_natively():
 
             x = rand(5)
             before = x.cpu()
-            try:
-                x.add_(rand(5))
-            except ZeroDivisionError:
-                close(x, before)  # an in-place op runs no second time: its error, x as it was
-            else:
-                raise AssertionError("add_ was expected to raise FlagGems' error")
+            expect_raises(ZeroDivisionError, lambda: x.add_(rand(5)))
+            close(x, before)  # an in-place op runs no second time: its error, x as it was
 
             interrupt.append(True)
-            try:
-                torch.sum(rand(()))
-            except KeyboardInterrupt:
-                pass
-            else:
-                raise AssertionError("KeyboardInterrupt was expected to reach the caller")
+            expect_raises(KeyboardInterrupt, lambda: torch.sum(rand(())))
             interrupt.clear()
 
             routing.set_flaggems_fallback(False)
             try:
-                torch.sum(rand(()))
-            except ZeroDivisionError:
-                pass
-            else:
-                raise AssertionError("with the fallback off, FlagGems' error was expected")
+                expect_raises(ZeroDivisionError, lambda: torch.sum(rand(())))
             finally:
                 routing.set_flaggems_fallback(True)
         finally:
@@ -411,12 +408,10 @@ def a_call_flaggems_fails_runs_natively():
     with routing.override({"aten::add.Tensor": "flaggems"}):
         impl = torch_fl._flaggems.implementation("aten::add.Tensor")
         _C._routing_set_flaggems_impl("aten::add.Tensor", adding_nothing_well)
-        try:
-            torch.add(rand(3), rand(4))  # bad input: the native route's own error
-        except RuntimeError as exc:
-            assert "must match the size of tensor b" in str(exc), exc
-        else:
-            raise AssertionError("adding tensors of sizes 3 and 4 was expected to fail")
+        try:  # bad input: the native route's own error
+            expect_raises(
+                RuntimeError, lambda: torch.add(rand(3), rand(4)), "must match the size of tensor b"
+            )
         finally:
             _C._routing_set_flaggems_impl("aten::add.Tensor", impl)
 
@@ -488,12 +483,7 @@ def an_error_inside_a_recording_keeps_its_message():
     with routing.override({"aten::add.out": "flaggems"}):
         x, y = rand(10), rand(10)
         base = torch.full((1,), 3.0, device=DEV)
-        try:
-            torch.add(x, y, out=base.expand(10))
-        except RuntimeError as exc:
-            assert "single memory location" in str(exc), exc
-        else:
-            raise AssertionError("a copy into an internally overlapping out was expected to fail")
+        expect_raises(RuntimeError, lambda: torch.add(x, y, out=base.expand(10)), "single memory location")
         assert base.item() == 3.0
 
 
