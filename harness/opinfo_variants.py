@@ -64,11 +64,13 @@ def run_variant(opinfo, variant: str, sample):
         return opinfo.inplace_variant(sample.input, *args, **kwargs)
     result = opinfo(sample.input, *args, **kwargs)
     if variant == "out":
-        # The functional result shapes the out= tensors (torch resizes empty ones without a warning).
-        def empty_like(t):
-            return t.new_empty(0) if isinstance(t, torch.Tensor) else t
+        # out= tensors of the functional result's shape and strides, as compiled code passes them (an empty
+        # one would be resized: host work that keeps a FlagGems call from replaying). Filled with a value
+        # the op must overwrite, so that an element it leaves unwritten differs from the reference.
+        def sized_like(t):
+            return torch.full_like(t, 7) if isinstance(t, torch.Tensor) else t
 
-        out = tuple(map(empty_like, result)) if isinstance(result, tuple) else empty_like(result)
+        out = tuple(map(sized_like, result)) if isinstance(result, tuple) else sized_like(result)
         return opinfo(sample.input, *args, **kwargs, out=out)
     if variant != "grad":
         return result

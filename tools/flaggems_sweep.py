@@ -25,11 +25,13 @@ for docs/flaggems.md).
     python -m tools.flaggems_sweep --replay-check --map-in /tmp/sweep/flaggems_sweep.json --budget-s 300
 
 ``--replay-check`` also runs every passing sample once more with replay off and three times more with it
-on, with torch's deterministic algorithms, and requires the replayed result (launches recorded by the
-flaggems route, replayed from C++) to be bitwise equal to the Python path's; a sample that differs fails
-its op, but where a second run of the Python path differs as well (a native kernel of the sample varies
-from run to run) the sample is counted as nondeterministic, not failed. The summary counts samples
-replayed bitwise, differing, nondeterministic and not replayed (with why).
+on, and requires the replayed result (launches recorded by the flaggems route, replayed from C++) to be
+bitwise equal to the Python path's; a sample that differs fails its op. A sample whose replay differs, or
+whose Python path varies from run to run (a native kernel of the sample accumulates with atomics), is
+checked again with torch's deterministic algorithms, which leave the replayed launches as they are, and
+judged by that check; where they cannot run it and a second run of the Python path differs too, it counts
+as nondeterministic, not failed. The summary counts samples replayed bitwise, differing,
+nondeterministic and not replayed (with why).
 
 Needs an NVIDIA GPU, flagos on the cuda accelerator, FlagGems usable, and ``expecttest``.
 """

@@ -636,6 +636,17 @@ def sweep_replay_check():
         status, why = check_replay(VaryingAfterAdd(), samples[0], op, "")
         assert status == "nondeterministic" and "two runs of the Python path differ too" in why, (status, why)
 
+        class AtomicAfterAdd:  # the sample's other kernel varies once (the replayed run) unless torch's
+            calls = 0  # deterministic algorithms are on: two Python runs agree, the replay seems to differ
+
+            def __call__(self, x, y, **kwargs):
+                AtomicAfterAdd.calls += 1
+                varies = AtomicAfterAdd.calls == 4 and not torch.are_deterministic_algorithms_enabled()
+                return torch.add(x, y, **kwargs).mul_(1.5 if varies else 1.0)
+
+        assert check_replay(AtomicAfterAdd(), samples[0], op, "") == ("bitwise", "")
+        assert AtomicAfterAdd.calls > 5  # judged by the run with deterministic algorithms
+
 
 SCENARIOS = [
     replays_after_two_agreeing_recordings,

@@ -177,3 +177,41 @@ def test_qwen3_forward_replays_95_percent_of_its_flaggems_calls(qwen3_on_flaggem
     counts = qwen3_on_flaggems[4]
     calls = counts["replayed"] + counts["recorded"] + counts["python"]
     assert calls > 0 and counts["replayed"] >= 0.95 * calls, counts
+
+
+def test_compiled_extern_out_calls_replay_with_the_python_path_result(gems):
+    """Inductor calls matmuls as extern kernels with out= buffers (`extern_kernels.addmm(..., out=buf)`),
+    which the shipped config routes to FlagGems' out adapters: those calls replay, with the bits of the
+    Python path."""
+    routed = {"aten::addmm.out", "aten::bmm.out"}
+    if not routed <= set(_flaggems.routable_ops()):
+        pytest.skip(f"FlagGems does not route all of {sorted(routed)}")
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(), torch.nn.Linear(128, 64))
+    mlp = mlp.to("flagos", torch.bfloat16)
+    x = t(8, 64, dtype=torch.bfloat16, gen=gen)
+    a, b = t(4, 16, 32, dtype=torch.bfloat16, gen=gen), t(4, 32, 8, dtype=torch.bfloat16, gen=gen)
+
+    def f(x, a, b):
+        return mlp(x).softmax(-1), torch.bmm(a, b).relu()
+
+    compiled = torch.compile(f)
+    routing.load_config(routing.package_config("flaggems_cuda"))
+    try:
+        with torch.no_grad():
+            for _ in range(3):  # compiles, then two recordings
+                compiled(x, a, b)
+            routing.reset_counts()
+            actual = compiled(x, a, b)
+            counts = routing.replay_counts()
+            with replay(False):
+                expected = compiled(x, a, b)
+    finally:
+        routing.load_config(None)
+        torch._dynamo.reset()
+    for op in routed:
+        assert counts["ops"].get(op, {}).get("replayed", 0) >= 1, counts
+    assert counts["python"] == 0 and counts["recorded"] == 0, counts
+    for got, want in zip(actual, expected, strict=True):
+        assert torch.equal(got.cpu(), want.cpu())
