@@ -197,6 +197,23 @@ def signatures_apart():
     assert c["signatures"] == 4 and c["armed"] == 4 and c["replayed"] == 4, c
 
 
+def matmul_precision_is_in_the_signature():
+    """A wrapper may choose TF32 by torch.get_float32_matmul_precision(): a plan recorded at one precision
+    is not replayed at another."""
+    fresh()
+    was = torch.get_float32_matmul_precision()
+    try:
+        with routing.override({"aten::add.Tensor": "flaggems"}):
+            for precision in ("highest", "highest", "highest", "high", "high", "high"):
+                torch.set_float32_matmul_precision(precision)
+                x, y = rand(10), rand(10)
+                close(torch.add(x, y), x.cpu() + y.cpu())
+    finally:
+        torch.set_float32_matmul_precision(was)
+    c = op_counts("aten::add.Tensor")
+    assert c["signatures"] == 2 and c["armed"] == 2 and c["replayed"] == 2 and c["recorded"] == 4, c
+
+
 def autotuned_first_call_is_not_replayed():
     fresh()
     with routing.override({"aten::sub.Tensor": "flaggems"}):
@@ -656,6 +673,7 @@ SCENARIOS = [
     host_scalars_are_keyed_by_value,
     another_implementation_forgets_the_plans,
     signatures_apart,
+    matmul_precision_is_in_the_signature,
     autotuned_first_call_is_not_replayed,
     refusals_by_reason,
     a_pointer_past_an_allocation_is_not_guessed,

@@ -38,6 +38,7 @@ NAMES = [
     "host_scalars_are_keyed_by_value",
     "another_implementation_forgets_the_plans",
     "signatures_apart",
+    "matmul_precision_is_in_the_signature",
     "autotuned_first_call_is_not_replayed",
     "refusals_by_reason",
     "a_pointer_past_an_allocation_is_not_guessed",

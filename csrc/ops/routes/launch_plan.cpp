@@ -182,6 +182,12 @@ bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Cal
   KeyBuilder builder(key, tensors, host_scalars);
   builder.word(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   builder.word(at::globalContext().deterministicAlgorithms());
+  // The float32 matmul precision as both of torch's APIs set it; the legacy getter is not used, as it
+  // raises where the newer API set a state it cannot represent.
+  builder.word(static_cast<int64_t>(
+      at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL)));
+  builder.word(static_cast<int64_t>(
+      at::globalContext().float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL)));
   const auto first = stack.end() - static_cast<std::ptrdiff_t>(n);
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = first[i];

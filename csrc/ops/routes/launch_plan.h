@@ -5,8 +5,9 @@
 // A signature (CallKey) is made of integers: per argument its kind and value, per tensor its dtype,
 // sizes, strides, device, view bits, the 16-byte residue of its data pointer (Triton specialises kernels
 // on pointer alignment) and which earlier argument shares its storage; plus the thread state a wrapper
-// may read (default dtype, deterministic algorithms). Two calls with the same key make the same Python
-// wrapper do the same launches, with pointers that differ only by the tensors' and allocations' addresses.
+// may read (default dtype, deterministic algorithms, float32 matmul precision). Two calls with the same key
+// make the same Python wrapper do the same launches, with pointers that differ only by the tensors' and
+// allocations' addresses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
