@@ -167,7 +167,8 @@ def unregister_python_impl(op: str) -> None:
 def counts() -> dict[str, int]:
     """Operator calls each backend served since the process started or the last :func:`reset_counts`:
     ``{'native': ..., 'cpu': ..., 'flaggems': ..., 'python': ...}``. A call is counted once, under the
-    backend that ran it (after fall-through), when the router hands it over; ops with a basic flagos
+    backend that ran it (after fall-through; a flaggems call that FlagGems failed and the native route
+    ran again counts as native), when the router hands it over; ops with a basic flagos
     kernel (factories, views, copies) and ops that run a composite kernel (which calls routed ops, counted
     themselves) are not router calls. Counts are process-wide (summed over threads): exact for calls that
     have returned. How the ``flaggems`` calls ran (replayed, recorded, in Python) is :func:`replay_counts`."""

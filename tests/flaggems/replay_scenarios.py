@@ -383,6 +383,11 @@ def a_call_flaggems_fails_runs_natively():
                     close(torch.sum(v), v.cpu().sum())  # FlagGems' sum where it works
             said = [str(w.message) for w in caught if "FlagGems' implementation" in str(w.message)]
             assert len(said) == 1 and "aten::sum raised ZeroDivisionError" in said[0], said
+            s = rand(())
+            routing.reset_counts()
+            torch.sum(s)
+            counts = routing.counts()  # counted under the backend that ran it
+            assert (counts["flaggems"], counts["native"]) == (0, 1), counts
 
             x = rand(5)
             before = x.cpu()

@@ -30,7 +30,8 @@ namespace {
 // store rather than an atomic read-modify-write (no locked instruction per op), and summed on read. A
 // reset records each thread's current counts as its base.
 constexpr int kUnboxedSlot = kNumBackends;
-constexpr int kCountSlots = kNumBackends + 1;
+constexpr int kFlagGemsFallbackSlot = kNumBackends + 1;  // flaggems calls that ran natively after failing
+constexpr int kCountSlots = kNumBackends + 2;
 
 struct ThreadCalls;
 
@@ -166,6 +167,10 @@ void count_unboxed_native_call() {
   calls.bump(kUnboxedSlot);
 }
 
+void count_flaggems_fallback() {
+  thread_calls().bump(kFlagGemsFallbackSlot);
+}
+
 uint64_t unboxed_call_count() {
   return call_counts()[kUnboxedSlot];
 }
@@ -213,6 +218,11 @@ std::array<uint64_t, kNumBackends> backend_call_counts() {
   const std::array<uint64_t, kCountSlots> total = call_counts();
   std::array<uint64_t, kNumBackends> counts{};
   for (int i = 0; i < kNumBackends; ++i) counts[i] = total[i];
+  // A reset between a call's two counts can leave the fallback counted without its flaggems call.
+  const uint64_t fallbacks =
+      std::min(total[kFlagGemsFallbackSlot], counts[static_cast<int>(Backend::kFlagGems)]);
+  counts[static_cast<int>(Backend::kFlagGems)] -= fallbacks;
+  counts[static_cast<int>(Backend::kNative)] += fallbacks;
   return counts;
 }
 

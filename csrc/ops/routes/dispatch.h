@@ -47,6 +47,10 @@ bool draws_random_numbers(const c10::OperatorHandle& op);
 // Counts one call the unboxed native path served (not through run_route): a native call and an unboxed one.
 void count_unboxed_native_call();
 
+// Moves one flaggems call of this thread to the native count: FlagGems failed it and the native route ran
+// it again (routes/python.cpp).
+void count_flaggems_fallback();
+
 // Calls the unboxed native path served since the process started or the last reset (tests and the
 // benchmark use it to see that the fast path is taken).
 uint64_t unboxed_call_count();

@@ -51,6 +51,7 @@ void falling_back_natively(const c10::OperatorHandle& op, torch::jit::Stack* sta
     stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
     stack->insert(stack->end(), arguments.begin(), arguments.end());
     run_native_boxed(op, stack);
+    count_flaggems_fallback();
     warn_once_for(op, *failure);
   }
 }
