@@ -161,6 +161,8 @@ class _Watch(TorchDispatchMode):
                 )
         elif func._schema.name in _METADATA:
             pass
+        elif name == "broadcast_tensors.default" and _shares_memory(out, args[0] if args else ()):
+            pass  # expanded views of its inputs (a wrapper's broadcasting): no device work
         elif name in _HOST_READS:
             if not self._reads_host_scalars(args):
                 self.recording.refuse(f"reads device data on the host ({func._schema.name})")

@@ -144,6 +144,29 @@ def copies_and_fills_inside_the_wrapper():
         ), (op, c)
 
 
+def broadcasting_inside_the_wrapper():
+    """A wrapper that broadcasts its inputs with torch.broadcast_tensors (FlagGems' fmin does) makes views,
+    no device work: its calls are replayed."""
+    fresh()
+    op = "aten::add.Tensor"
+    impl = torch_fl._flaggems.implementation(op)
+
+    def broadcasting_add(x, y, *, alpha=1):
+        a, b = torch.broadcast_tensors(x, y)
+        return impl(a, b, alpha=alpha)
+
+    with routing.override({op: "flaggems"}):
+        _C._routing_set_flaggems_impl(op, broadcasting_add)
+        try:
+            for _ in range(4):
+                x, y = rand(6, 8), rand(6, 8)
+                close(torch.add(x, y, alpha=2.0), x.cpu() + 2.0 * y.cpu())
+        finally:
+            _C._routing_set_flaggems_impl(op, impl)
+    c = op_counts(op)
+    assert (c["signatures"], c["recorded"], c["replayed"]) == (1, 2, 2), c
+
+
 def host_scalars_are_keyed_by_value():
     fresh()
     with routing.override({"aten::mul.Tensor": "flaggems"}):
@@ -675,6 +698,7 @@ SCENARIOS = [
     every_argument_kind,
     narrow_and_half_arguments,
     copies_and_fills_inside_the_wrapper,
+    broadcasting_inside_the_wrapper,
     host_scalars_are_keyed_by_value,
     another_implementation_forgets_the_plans,
     signatures_apart,

@@ -35,6 +35,7 @@ NAMES = [
     "every_argument_kind",
     "narrow_and_half_arguments",
     "copies_and_fills_inside_the_wrapper",
+    "broadcasting_inside_the_wrapper",
     "host_scalars_are_keyed_by_value",
     "another_implementation_forgets_the_plans",
     "signatures_apart",
