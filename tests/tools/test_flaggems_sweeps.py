@@ -7,6 +7,7 @@ tests/flaggems/test_flaggems.py.
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 
@@ -239,3 +240,27 @@ def test_sweep_variants_reach_their_overloads():
     g = torch.randn(sample.input.shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(grads[0].cpu(), g * sample.input.detach().sign())
     assert variants.split_case(variants.case_key("abs", "grad")) == ("abs", "grad")
+
+
+def test_replay_check_skips_samples_that_do_not_call_the_op(run_python):
+    """--replay-check judges the samples that call the swept op; one that reaches other ops only (an
+    OpInfo's other path) is not counted as "not replayed"."""
+    code = """
+from tools.flaggems_common import use_stand_in
+use_stand_in()
+import torch
+from harness import opinfo
+from tools.flaggems_sweep import sweep_case
+db = opinfo.load_op_db()
+for name in ("neg", "add"):
+    r = sweep_case("aten::add.Tensor", db[name], "", torch.float32, 2, 60.0, replay_check=True)
+    print("RESULT", name, r.status, r.flaggems_calls, sorted(r.replay.items()), repr(r.replay_message))
+"""
+    result = run_python(code, env=SIM, cwd=str(pathlib.Path(__file__).parents[2]), timeout=300)
+    assert result.returncode == 0, repr(result)
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if line.startswith("RESULT ")}
+    assert lines["neg"] == "RESULT neg not-exercised 0 [] ''", result.stdout
+    # Both samples of add are judged (the stand-in launches no Triton kernel: nothing to record).
+    assert re.fullmatch(
+        r"RESULT add pass \d+ \[\('not-replayed', 2\)\] 'no Triton driver is watched'", lines["add"]
+    )
