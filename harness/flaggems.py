@@ -115,6 +115,10 @@ class CallCounter:
     def replayed(self) -> int:
         return self._replayed
 
+    def reached(self) -> int:
+        """Calls of the op inside the block so far, in FlagGems' wrapper or replayed."""
+        return self.calls + self._replay_count() - self._replayed_at_entry
+
     def _replay_count(self) -> int:
         return _torch_fl().routing.replay_counts()["ops"].get(self.op, {}).get("replayed", 0)
 

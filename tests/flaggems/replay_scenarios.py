@@ -692,6 +692,15 @@ def sweep_replay_check():
         assert check_replay(AtomicAfterAdd(), samples[0], op, "") == ("bitwise", "")
         assert AtomicAfterAdd.calls > 5  # judged by the run with deterministic algorithms
 
+    # The sweep's counter: calls in the wrapper, and those replayed (which run no Python) as reached.
+    from harness.flaggems import CallCounter
+
+    with routing.override({op: "flaggems"}), CallCounter(op) as counter:
+        for _ in range(4):
+            x, y = rand(30), rand(30)
+            close(torch.add(x, y), x.cpu() + y.cpu())
+        assert (counter.calls, counter.reached()) == (2, 4), (counter.calls, counter.reached())
+
 
 SCENARIOS = [
     replays_after_two_agreeing_recordings,
