@@ -516,7 +516,16 @@ def out_adapters_are_replayed():
             assert any("was resized" in str(w.message) for w in caught), [str(w.message) for w in caught]
             close(out, x.cpu() + y.cpu())
         assert replayed() == before, op_counts(op)
-    assert routing.replay_counts()["refused"].get("runs aten::resize_ inside the wrapper", 0) > 0
+
+        for _ in range(3):  # torch's idiom, an out without elements: resized by the route, in Python
+            x, y = rand(30), rand(30)
+            out = torch.empty(0, device=DEV)
+            assert torch.add(x, y, out=out) is out
+            close(out, x.cpu() + y.cpu())
+        assert replayed() == before, op_counts(op)
+    refused = routing.replay_counts()["refused"]
+    assert refused.get("runs aten::resize_ inside the wrapper", 0) > 0, refused
+    assert refused.get("an out= argument without elements, which the call may resize", 0) == 3, refused
 
 
 def an_error_inside_a_recording_keeps_its_message():

@@ -192,7 +192,7 @@ bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Cal
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = first[i];
     if (arguments[i].is_out() && v.isTensor() && v.toTensor().defined() && v.toTensor().numel() == 0) {
-      *why = "an empty out= argument, which the call resizes";
+      *why = "an out= argument without elements, which the call may resize";
       return false;
     }
     if (!builder.value(v, why)) return false;

@@ -40,7 +40,7 @@ struct CallKeyHash {
 // flagos tensors among them in order (tensor-list elements included; the stack keeps them alive), and for
 // every defined tensor argument in order whether it is a host scalar (a 0-dim CPU tensor, keyed by its
 // value): false, with `why` set, for a call no plan can serve (an argument kind the key cannot hold, a
-// tensor neither on flagos nor a host scalar, an empty out= argument that the call would resize).
+// tensor neither on flagos nor a host scalar, an out= argument without elements, which the call may resize).
 bool make_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, CallKey* key,
               c10::SmallVectorImpl<c10::TensorImpl*>* tensors, c10::SmallVectorImpl<bool>* host_scalars,
               const char** why);
