@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+import torch_fl
+
 # --- invalid device index (checked in a subprocess: a crash there must not take the test run down) -------
 
 BAD_INDEX_CHECKS = {
@@ -212,6 +214,69 @@ def test_index_put_with_values_on_another_device_is_refused(accumulate):
     torch.index_put_(b, (index,), torch.tensor([1.0, 2.0], device="flagos"), accumulate=accumulate)
     expected = [4.0, 5.0] if accumulate else [1.0, 2.0]
     assert b.cpu().tolist() == expected + [0.0, 0.0, 0.0]
+
+
+# --- other ops with a tensor of another device (the device check of torch's CUDA kernels) ----------------
+
+# (name, call on a flagos tensor `a` and a tensor `b` of another device, the argument torch names)
+MIXED_DEVICE_CALLS = [
+    ("mm", lambda a, b: torch.mm(a, b), "mat2"),  # an unboxed kernel on every accelerator
+    ("addmm", lambda a, b: torch.addmm(a, a, b), "mat2"),
+    ("matmul", lambda a, b: a @ b, "mat2"),  # a composite: its mm refuses
+    ("cat", lambda a, b: torch.cat([a, b]), "tensors"),  # a list argument
+    ("index_select", lambda a, b: a.index_select(0, b[0].long()), "index"),
+    ("embedding", lambda a, b: torch.nn.functional.embedding(b[0].long(), a), "index"),
+    ("gather", lambda a, b: a.gather(0, b.long()), "index"),  # the boxed fallback
+    ("scatter_add", lambda a, b: a.scatter_add(0, b.long(), a), "index"),
+]
+
+
+@pytest.mark.parametrize("call", [c[1] for c in MIXED_DEVICE_CALLS], ids=[c[0] for c in MIXED_DEVICE_CALLS])
+@pytest.mark.parametrize("other", ["cpu", "flagos:1"])
+def test_ops_refuse_a_tensor_of_another_device_as_cuda_does(call, other, two_devices_only):
+    """cuda's kernels refuse any tensor argument of another device, even a CPU one, where torch's
+    native_functions.yaml does not exempt the op (`device_check: NoCheck`): on flagos the router checks the
+    same arguments, so a host kernel (the simulated accelerator's) or the cpu route does not quietly run
+    them. The error names the argument, as torch's does."""
+    name = next(c[2] for c in MIXED_DEVICE_CALLS if c[1] is call)
+    a, b = torch.randn(2, 2, device="flagos:0"), torch.zeros(2, 2, device=other)
+    with pytest.raises(
+        RuntimeError, match=rf"Expected all tensors to be on the same device, but got {name} is"
+    ):
+        call(a, b)
+    with torch_fl.routing.override({"aten::mm": "cpu", "aten::gather": "cpu"}):  # the cpu route checks too
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            call(a, b)
+    assert torch.equal(call(a, b.to("flagos:0")).cpu(), call(a.cpu(), b.cpu()))
+
+
+def test_a_0_dim_cpu_tensor_is_refused_where_cuda_refuses_it():
+    """The device check exempts no 0-dim tensor (only TensorIterator ops, exempt from it, take them)."""
+    with pytest.raises(RuntimeError, match="but got index is on cpu"):
+        torch.ones(3, device="flagos").index_select(0, torch.tensor(1))
+
+
+def test_a_refused_out_call_leaves_its_out_tensor_as_it_was():
+    a, out = torch.ones(2, 2, device="flagos"), torch.full((2, 2), 7.0, device="flagos")
+    with pytest.raises(
+        RuntimeError, match="but got self is on flagos:0, different from other tensors on cpu"
+    ):
+        torch.mm(a, a, out=torch.empty(2, 2))
+    with pytest.raises(RuntimeError, match="but got mat2 is on cpu"):
+        torch.mm(a, torch.ones(2, 2), out=out)
+    assert torch.equal(out.cpu(), torch.full((2, 2), 7.0))
+
+
+def test_ops_exempt_from_the_device_check_still_take_cpu_tensors():
+    """What cuda takes: 0-dim CPU tensors in TensorIterator ops, CPU indices, copies, foreach ops with a
+    CPU scalar tensor."""
+    a = torch.ones(3, device="flagos")
+    assert (a + torch.tensor(2.0)).cpu().tolist() == [3.0, 3.0, 3.0]
+    assert torch.where(a > 0, a, torch.tensor(0.0)).cpu().tolist() == [1.0, 1.0, 1.0]
+    assert a[torch.tensor([0, 2])].cpu().tolist() == [1.0, 1.0]
+    a.copy_(torch.arange(3.0))
+    torch._foreach_mul_([a], torch.tensor(2.0))
+    assert a.cpu().tolist() == [0.0, 2.0, 4.0]
 
 
 # --- broken configuration (each in its own process: the variables are read once) ------------------------

@@ -71,7 +71,7 @@ def assert_same(actual, expected):
     dense = torch._prims_common.is_non_overlapping_and_dense_or_false(actual)
     expected_device = "cpu" if dense else DEVICE
     assert back.device.type == expected_device and back.is_quantized
-    assert torch.equal(back.int_repr(), expected.int_repr())
+    assert torch.equal(back.int_repr().cpu(), expected.int_repr())
 
 
 def run_both(fn):

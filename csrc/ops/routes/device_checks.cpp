@@ -1,41 +1,76 @@
 #include "ops/routes/device_checks.h"
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/op_registration/adaption.h>
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 
+#include <cstddef>
 #include <optional>
+#include <string_view>
 #include <utility>
-#include <vector>
+
+#include "ops/routes/native_memory.h"
 
 namespace flagos::ops {
 namespace {
 
-enum class Rule { kIndex, kIndexPut };
-
-struct RuledOp {
-  c10::OperatorHandle op;
-  Rule rule;
+struct CheckedOp {
+  const char* name;
+  const char* overload;
+  const char* arguments;  // comma-separated, in torch's order
 };
 
-// The operators with a rule, looked up once (an overload this torch lacks has none).
-const std::vector<RuledOp>& ruled_ops() {
-  static const std::vector<RuledOp>* ops = [] {
-    const std::pair<c10::OperatorName, Rule> names[] = {
-        {{"aten::index", "Tensor"}, Rule::kIndex},            // x[indices]
-        {{"aten::index", "Tensor_out"}, Rule::kIndex},        // its out= form
-        {{"aten::_index_put_impl_", ""}, Rule::kIndexPut},    // x[indices] = values, index_put_
-        {{"aten::_index_put_impl", ""}, Rule::kIndexPut},     // its functional form
-        {{"aten::_index_put_impl", "out"}, Rule::kIndexPut},  // and its out= form
+// The operators whose CUDA kernels check that their tensors share a device (generated at build time).
+constexpr CheckedOp kCheckedOps[] = {
+#include "device_checked_ops.inc"
+};
+
+using RuleTable = ska::flat_hash_map<const c10::OperatorName*, DeviceRule>;
+
+// The kSameDevice rule of `op` with the arguments named in `arguments`, or nullopt when its schema lacks
+// one of them (a torch whose yaml and registered schema disagree: no check rather than a wrong one).
+std::optional<DeviceRule> same_device_rule(const c10::OperatorHandle& op, std::string_view arguments) {
+  DeviceRule rule{DeviceRule::Kind::kSameDevice, {}, {}, ""};
+  const c10::FunctionSchema& schema = op.schema();
+  rule.method = schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
+  while (!arguments.empty()) {
+    const size_t comma = arguments.find(',');
+    const std::string_view name = arguments.substr(0, comma);
+    arguments = comma == std::string_view::npos ? std::string_view() : arguments.substr(comma + 1);
+    const std::optional<int> position = schema.argumentIndexWithName(name);
+    if (!position.has_value()) return std::nullopt;
+    rule.positions.push_back(static_cast<uint8_t>(*position));
+    rule.names.emplace_back(name);
+  }
+  return rule;
+}
+
+// Every rule, by operator (an operator name's address is its identity, as for the router's cache).
+const RuleTable& rules() {
+  static const RuleTable* table = [] {
+    auto* found = new RuleTable();  // leaked: calls may come during static destruction
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    auto add = [&](const c10::OperatorHandle& op, DeviceRule rule) {
+      found->emplace(&op.operator_name(), std::move(rule));
     };
-    auto* found = new std::vector<RuledOp>();  // leaked: calls may come during static destruction
-    for (const auto& [name, rule] : names) {
-      if (std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name)) {
-        found->push_back({*op, rule});
+    for (const CheckedOp& checked : kCheckedOps) {
+      if (std::optional<c10::OperatorHandle> op = dispatcher.findOp({checked.name, checked.overload})) {
+        if (std::optional<DeviceRule> rule = same_device_rule(*op, checked.arguments)) add(*op, *rule);
       }
+    }
+    const std::pair<c10::OperatorName, DeviceRule::Kind> indexing[] = {
+        {{"aten::index", "Tensor"}, DeviceRule::Kind::kIndex},            // x[indices]
+        {{"aten::index", "Tensor_out"}, DeviceRule::Kind::kIndex},        // its out= form
+        {{"aten::_index_put_impl_", ""}, DeviceRule::Kind::kIndexPut},    // x[indices] = values, index_put_
+        {{"aten::_index_put_impl", ""}, DeviceRule::Kind::kIndexPut},     // its functional form
+        {{"aten::_index_put_impl", "out"}, DeviceRule::Kind::kIndexPut},  // and its out= form
+    };
+    for (const auto& [name, kind] : indexing) {
+      if (std::optional<c10::OperatorHandle> op = dispatcher.findOp(name)) add(*op, {kind, {}, {}, ""});
     }
     return found;
   }();
-  return *ops;
+  return *table;
 }
 
 // torch's check_indices_on_cpu_or_selfdevice (the meta function of index.Tensor).
@@ -59,20 +94,92 @@ void check_values_on_self_device(const at::Tensor& self, const at::Tensor& value
               self.device(), " and ", values.device(), "!");
 }
 
+// One argument of a kSameDevice rule, as c10::impl::check_and_update_common_device reads it.
+class CommonDevice {
+ public:
+  explicit CommonDevice(const DeviceRule& rule) : rule_(rule) {}
+
+  void check(const at::Tensor& t, size_t i) {
+    c10::impl::check_and_update_common_device(device_, t, rule_.method.c_str(), rule_.names[i].c_str());
+  }
+  void check(const c10::IValue& v, size_t i) {
+    if (v.isTensor()) {
+      check(v.toTensor(), i);
+    } else if (v.isList()) {  // Tensor[] and Tensor?[]
+      for (const c10::IValue& element : v.toListRef()) {
+        if (element.isTensor()) check(element.toTensor(), i);
+      }
+    }
+  }
+
+ private:
+  const DeviceRule& rule_;
+  std::optional<c10::Device> device_;
+};
+
 }  // namespace
 
-void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  for (const RuledOp& ruled : ruled_ops()) {
-    if (!(ruled.op == op)) continue;
-    const auto args = stack.end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size());
-    const at::Tensor& self = args[0].toTensor();
-    if (ruled.rule == Rule::kIndex) {
-      check_indices_on_cpu_or_self_device(self, args[1]);
-    } else {
-      check_values_on_self_device(self, args[2].toTensor(), args[3].toBool());
+const DeviceRule* device_rule(const c10::OperatorHandle& op) {
+  const RuleTable& table = rules();
+  const auto it = table.find(&op.operator_name());
+  return it == table.end() ? nullptr : &it->second;
+}
+
+bool device_rules_apply(Backend backend) {
+  return backend != Backend::kNative || native_memory::native().host_kernels;
+}
+
+void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Backend backend) {
+  const DeviceRule* rule = device_rule(op);
+  if (C10_LIKELY(rule == nullptr) || !device_rules_apply(backend)) return;
+  const auto args = stack.end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  switch (rule->kind) {
+    case DeviceRule::Kind::kIndex:
+      check_indices_on_cpu_or_self_device(args[0].toTensor(), args[1]);
+      return;
+    case DeviceRule::Kind::kIndexPut:
+      check_values_on_self_device(args[0].toTensor(), args[2].toTensor(), args[3].toBool());
+      return;
+    case DeviceRule::Kind::kSameDevice: {
+      CommonDevice common(*rule);
+      for (size_t i = 0; i < rule->positions.size(); ++i) common.check(args[rule->positions[i]], i);
+      return;
     }
-    return;
   }
 }
 
+namespace device_check_detail {
+
+void check_same_device(const DeviceRule& rule, c10::ArrayRef<TensorArg> args) {
+  TORCH_INTERNAL_ASSERT(rule.kind == DeviceRule::Kind::kSameDevice, "an unboxed call of ", rule.method,
+                        ", whose device rule only the boxed path checks");
+  CommonDevice common(rule);
+  for (size_t i = 0; i < rule.positions.size(); ++i) {
+    const TensorArg& arg = args[rule.positions[i]];
+    switch (arg.kind) {
+      case TensorArg::kTensor:
+        common.check(*static_cast<const at::Tensor*>(arg.value), i);
+        break;
+      case TensorArg::kOptionalTensor:
+        if (const auto& t = *static_cast<const std::optional<at::Tensor>*>(arg.value)) common.check(*t, i);
+        break;
+      case TensorArg::kTensorList:
+        for (const at::Tensor& t : *static_cast<const at::TensorList*>(arg.value)) common.check(t, i);
+        break;
+      case TensorArg::kTensorRefList:
+        for (const at::Tensor& t : *static_cast<const at::ITensorListRef*>(arg.value)) common.check(t, i);
+        break;
+      case TensorArg::kOptionalTensorList:
+        for (const std::optional<at::Tensor> t :
+             *static_cast<const c10::List<std::optional<at::Tensor>>*>(arg.value)) {
+          if (t.has_value()) common.check(*t, i);
+        }
+        break;
+      case TensorArg::kOther:
+        break;
+    }
+  }
+}
+
+}  // namespace device_check_detail
 }  // namespace flagos::ops

@@ -1,23 +1,96 @@
-// Device rules of the operators that take tensors of two devices by design (CPU indices for a flagos
-// tensor), which torch's kernels for a device check themselves. A routed call runs the native device's
-// kernel on aliases of the flagos tensors: a host kernel (the simulated accelerator's native device is the
-// CPU) sees a CPU argument and a flagos one alike, so a call that cuda refuses would silently succeed there.
-// The router checks these rules before any route, so a call is refused as on cuda, on every backend and
-// accelerator, with torch's messages.
+// The device rules of operators' arguments, which a device's kernels check themselves and a host kernel
+// does not. A routed call runs the native device's kernel on aliases of the flagos tensors: a host kernel
+// (the simulated accelerator's native device is the CPU) sees a CPU argument and a flagos one alike, and
+// the cpu route moves every argument to the CPU, so a call that cuda refuses would silently succeed there.
+// The router checks these rules before any route, so such a call is refused as on cuda, with torch's
+// messages. Backed by CUDA the native route leaves them to the CUDA kernels, which check the same rules.
 #pragma once
 
+#include <ATen/core/IListRef.h>
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/Device.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ops/routing/router.h"
 
 namespace flagos::ops {
 
-// Raises torch's error for a call of `op` (its arguments on top of `stack`) whose tensors' devices its
-// device kernels refuse:
-//   index.Tensor, index.Tensor_out: every index on the CPU or on self's device ("indices should be either
-//     on cpu or on the same device as the indexed tensor (<device>)");
-//   _index_put_impl_, _index_put_impl, _index_put_impl.out: the values on self's device unless they are a
-//     one-element 0-dim tensor (which the kernel moves there); indices anywhere.
-// Every other op passes (two pointer comparisons).
-void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// One operator's rule.
+struct DeviceRule {
+  enum class Kind : uint8_t {
+    // index.Tensor, index.Tensor_out: every index on the CPU or on self's device ("indices should be either
+    // on cpu or on the same device as the indexed tensor (<device>)").
+    kIndex,
+    // _index_put_impl_ and its functional and out= forms: the values on self's device unless they are a
+    // one-element 0-dim tensor (which the kernel moves there); indices anywhere.
+    kIndexPut,
+    // The check torch's code generator gives CUDA kernels (c10::impl::check_and_update_common_device):
+    // every tensor argument in `positions` on the device of the first defined one. The operators and their
+    // arguments come from the installed torch's native_functions.yaml at build time
+    // (cmake/device_checked_ops.py): those with a CUDA kernel and no `device_check: NoCheck`.
+    kSameDevice,
+  };
+  Kind kind;
+  c10::SmallVector<uint8_t, 4> positions;  // kSameDevice: the checked arguments' schema positions, in order
+  std::vector<std::string> names;          // their names, for the error
+  std::string method;                      // the op, for the error: "aten::mm.out"
+};
+
+// The rule of `op`, or nullptr (most ops). The table is made on first use; an op's rule never changes.
+const DeviceRule* device_rule(const c10::OperatorHandle& op);
+
+// Whether a call taking `backend` needs the checks made for it: all but the native route of device kernels,
+// whose kernels check for themselves.
+bool device_rules_apply(Backend backend);
+
+// Raises torch's error for a call of `op` (its arguments on top of `stack`) taking `backend` whose
+// tensors' devices its rule refuses, where that route needs the check. Every op without a rule passes (one
+// table lookup).
+void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Backend backend);
+
+namespace device_check_detail {
+// A tensor argument of an unboxed call, as the same-device check reads it.
+struct TensorArg {
+  enum Kind : uint8_t { kOther, kTensor, kOptionalTensor, kTensorList, kTensorRefList, kOptionalTensorList };
+  Kind kind = kOther;
+  const void* value = nullptr;
+};
+
+template <class T>
+TensorArg tensor_arg(const T& v) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, at::Tensor>) return {TensorArg::kTensor, &v};
+  if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) return {TensorArg::kOptionalTensor, &v};
+  if constexpr (std::is_same_v<U, at::TensorList>) return {TensorArg::kTensorList, &v};
+  if constexpr (std::is_same_v<U, at::ITensorListRef>) return {TensorArg::kTensorRefList, &v};
+  if constexpr (std::is_same_v<U, c10::List<std::optional<at::Tensor>>>) {
+    return {TensorArg::kOptionalTensorList, &v};
+  }
+  return {};
+}
+
+void check_same_device(const DeviceRule& rule, c10::ArrayRef<TensorArg> args);
+}  // namespace device_check_detail
+
+// The same check for an unboxed call of an op whose rule is `rule` (a kSameDevice one: the indexing ops
+// have no unboxed kernel), its arguments in schema order.
+template <class... Args>
+void check_argument_devices(const DeviceRule& rule, const Args&... args) {
+  const std::array<device_check_detail::TensorArg, sizeof...(Args)> refs{
+      device_check_detail::tensor_arg(args)...};
+  device_check_detail::check_same_device(rule, refs);
+}
 
 }  // namespace flagos::ops

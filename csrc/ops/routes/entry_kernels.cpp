@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ops/routes/device_checks.h"
 #include "ops/routes/dispatch.h"
 #include "ops/routes/native_unboxed.h"
 #include "ops/routing/router.h"
@@ -87,6 +88,7 @@ void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* s
   if (key.has_value()) {
     op.callBoxedForDispatchKey(*key, *stack);  // its ops reach the router (and a capture) one by one
   } else {
+    check_argument_devices(op, *stack, r.backend);
     record_or_run_route(r.backend, op, stack);
   }
 }

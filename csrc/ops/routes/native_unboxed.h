@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/routes/device_checks.h"
 #include "ops/routes/dispatch.h"
 #include "ops/routes/graph_capture.h"
 #include "ops/routes/native_call.h"
@@ -356,6 +357,10 @@ struct UnboxedKernel<Op, Ret(Args...)> {
           capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
     }
     const Backend backend = route_.get(op).backend;
+    static const DeviceRule* const device_rule_of_op = device_rule(op);
+    if (C10_UNLIKELY(device_rule_of_op != nullptr) && device_rules_apply(backend)) {
+      check_argument_devices(*device_rule_of_op, args...);
+    }
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
