@@ -9,8 +9,6 @@
 #include <string_view>
 #include <utility>
 
-#include "ops/routes/native_memory.h"
-
 namespace flagos::ops {
 namespace {
 
@@ -125,13 +123,9 @@ const DeviceRule* device_rule(const c10::OperatorHandle& op) {
   return it == table.end() ? nullptr : &it->second;
 }
 
-bool device_rules_apply(Backend backend) {
-  return backend != Backend::kNative || native_memory::native().host_kernels;
-}
-
-void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Backend backend) {
+void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const DeviceRule* rule = device_rule(op);
-  if (C10_LIKELY(rule == nullptr) || !device_rules_apply(backend)) return;
+  if (C10_LIKELY(rule == nullptr)) return;
   const auto args = stack.end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   switch (rule->kind) {
     case DeviceRule::Kind::kIndex:

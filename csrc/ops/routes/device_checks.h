@@ -2,8 +2,8 @@
 // does not. A routed call runs the native device's kernel on aliases of the flagos tensors: a host kernel
 // (the simulated accelerator's native device is the CPU) sees a CPU argument and a flagos one alike, and
 // the cpu route moves every argument to the CPU, so a call that cuda refuses would silently succeed there.
-// The router checks these rules before any route, so such a call is refused as on cuda, with torch's
-// messages. Backed by CUDA the native route leaves them to the CUDA kernels, which check the same rules.
+// The router checks these rules before any route, on every accelerator, so such a call is refused as on
+// cuda, with torch's messages naming flagos devices (backed by CUDA, the CUDA kernel would name its own).
 #pragma once
 
 #include <ATen/core/IListRef.h>
@@ -22,8 +22,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include "ops/routing/router.h"
 
 namespace flagos::ops {
 
@@ -51,14 +49,9 @@ struct DeviceRule {
 // The rule of `op`, or nullptr (most ops). The table is made on first use; an op's rule never changes.
 const DeviceRule* device_rule(const c10::OperatorHandle& op);
 
-// Whether a call taking `backend` needs the checks made for it: all but the native route of device kernels,
-// whose kernels check for themselves.
-bool device_rules_apply(Backend backend);
-
-// Raises torch's error for a call of `op` (its arguments on top of `stack`) taking `backend` whose
-// tensors' devices its rule refuses, where that route needs the check. Every op without a rule passes (one
-// table lookup).
-void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Backend backend);
+// Raises torch's error for a call of `op` (its arguments on top of `stack`) whose tensors' devices its
+// rule refuses. Every op without a rule passes (one table lookup).
+void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
 namespace device_check_detail {
 // A tensor argument of an unboxed call, as the same-device check reads it.

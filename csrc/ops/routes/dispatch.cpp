@@ -200,9 +200,8 @@ void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::
 }
 
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const Backend backend = route_for(op);
-  check_argument_devices(op, *stack, backend);
-  record_or_run_route(backend, op, stack);
+  check_argument_devices(op, *stack);
+  record_or_run_route(route_for(op), op, stack);
 }
 
 void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {

@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "ops/routes/device_checks.h"
 #include "ops/routes/dispatch.h"
 #include "ops/routes/native_memory.h"
 #include "ops/routing/router.h"
@@ -221,10 +220,8 @@ bool capture_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void capture_or_route(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const Backend backend = route_for(op);
-  check_argument_devices(op, *stack, backend);
   if (capture_call(op, stack)) return;
-  run_route(backend, op, stack);
+  run_route(route_for(op), op, stack);
 }
 
 bool capture_copy(const at::Tensor& src, const at::Tensor& dst, bool non_blocking, CopyKernel copy) {

@@ -350,6 +350,8 @@ struct UnboxedKernel<Op, Ret(Args...)> {
       if (C10_UNLIKELY(Traits::needs_composite(args...))) return Traits::composite(args...);
     }
     const c10::OperatorHandle& op = handle();
+    static const DeviceRule* const device_rule_of_op = device_rule(op);
+    if (C10_UNLIKELY(device_rule_of_op != nullptr)) check_argument_devices(*device_rule_of_op, args...);
     if (runtime::capture::underway()) {
       // A graph capture (HAL mode): the boxed path records the call, or routes it as usual.
       static const c10::BoxedKernel capture = c10::BoxedKernel::makeFromFunction<&capture_or_route>();
@@ -357,10 +359,6 @@ struct UnboxedKernel<Op, Ret(Args...)> {
           capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
     }
     const Backend backend = route_.get(op).backend;
-    static const DeviceRule* const device_rule_of_op = device_rule(op);
-    if (C10_UNLIKELY(device_rule_of_op != nullptr) && device_rules_apply(backend)) {
-      check_argument_devices(*device_rule_of_op, args...);
-    }
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
