@@ -83,9 +83,14 @@ def priority_order(ops: list[str]) -> list[str]:
 # ---- comparing one sample ----------------------------------------------------------------------------
 
 
+# compare_sample's message for a sample that raised the same error on flagos as natively: a pass with no
+# result, so nothing whose replay could be checked.
+RAISED_AS_THE_REFERENCE = "raised as the reference does"
+
+
 def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "") -> tuple[str, str]:
     """Runs `sample` (the `variant` way) natively and on flagos (the caller routes `op` to flaggems);
-    ('pass'|'mismatch'|'error', message). The reference is CUDA, except for "grad": a CUDA backward cannot
+    ('pass'|'mismatch'|'error', message), a pass's message RAISED_AS_THE_REFERENCE where both raised. The reference is CUDA, except for "grad": a CUDA backward cannot
     run in a process that imported torch_fl (pytorch#161129), so there it is flagos with `op` on the native
     route, which runs CUDA's kernels."""
     from torch_fl import routing
@@ -109,7 +114,7 @@ def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "
         if ref_exc is None:
             return "error", opinfo_harness.short_message(exc)
         if isinstance(exc, type(ref_exc)):
-            return "pass", ""
+            return "pass", RAISED_AS_THE_REFERENCE
         return (
             "mismatch",
             f"cuda raised {type(ref_exc).__name__}, flagos raised {opinfo_harness.short_message(exc)}",
@@ -203,8 +208,9 @@ def sweep_case(
                     reached = counter.reached()
                     status, message = compare_sample(opinfo, sample, op, dtype, variant)
                     # A sample of an OpInfo that reaches `op` through another path (a matmul of 2-D
-                    # tensors, where the 1-D one reached dot) says nothing about its replay.
-                    if replay_check and status == "pass" and counter.reached() > reached:
+                    # tensors, where the 1-D one reached dot) says nothing about its replay, nor does one
+                    # that raised on both devices (an out= form the OpInfo's op does not take).
+                    if replay_check and status == "pass" and counter.reached() > reached and not message:
                         replay, why = check_replay(opinfo, sample, op, variant)
                         replays[replay] += 1
                         first.setdefault(f"replay:{replay}", why)

@@ -264,3 +264,33 @@ for name in ("neg", "add"):
     assert re.fullmatch(
         r"RESULT add pass \d+ \[\('not-replayed', 2\)\] 'no Triton driver is watched'", lines["add"]
     )
+
+
+def test_replay_check_skips_samples_that_raise_as_the_reference_does(run_python):
+    """A sample whose call raises natively and on flagos alike (an out= form the OpInfo's op does not take,
+    as `_batch_norm_with_update`'s four named outs) passes, and has no result whose replay could be checked:
+    the replay check does not run it again (where it would raise, an error of the sweep's own)."""
+    code = """
+from tools.flaggems_common import use_stand_in
+use_stand_in()
+import torch
+from torch.testing._internal.opinfo.core import SampleInput
+from tools.flaggems_sweep import sweep_case
+
+class TakesNoOut:
+    name, variant_test_name, supports_out = "takes_no_out", "", True
+    def sample_inputs(self, device, dtype, requires_grad=False):
+        yield SampleInput(torch.ones(3, device=device, dtype=dtype), args=(torch.ones(3, device=device, dtype=dtype),))
+    def __call__(self, x, y, out=None):
+        result = torch.add(x, y)  # reaches the swept op, on flagos
+        if out is not None:
+            raise RuntimeError("no out= form")
+        return result
+
+r = sweep_case("aten::add.Tensor", TakesNoOut(), "out", torch.float32, 1, 60.0, replay_check=True)
+print("RESULT", r.status, r.flaggems_calls > 0, sorted(r.replay.items()), repr(r.message))
+"""
+    result = run_python(code, env=SIM, cwd=str(pathlib.Path(__file__).parents[2]), timeout=300)
+    assert result.returncode == 0, repr(result)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    assert line == "RESULT pass True [] ''", result.stdout
