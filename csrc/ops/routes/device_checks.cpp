@@ -21,6 +21,7 @@ struct CheckedOp {
 // The operators whose CUDA kernels check that their tensors share a device (generated at build time).
 constexpr CheckedOp kCheckedOps[] = {
 #include "device_checked_ops.inc"
+    {nullptr, nullptr, nullptr},  // the end; keeps the array non-empty where torch ships no yaml
 };
 
 using RuleTable = ska::flat_hash_map<const c10::OperatorName*, DeviceRule>;
@@ -52,6 +53,7 @@ const RuleTable& rules() {
       found->emplace(&op.operator_name(), std::move(rule));
     };
     for (const CheckedOp& checked : kCheckedOps) {
+      if (checked.name == nullptr) break;
       if (std::optional<c10::OperatorHandle> op = dispatcher.findOp({checked.name, checked.overload})) {
         if (std::optional<DeviceRule> rule = same_device_rule(*op, checked.arguments)) add(*op, *rule);
       }
@@ -92,7 +94,8 @@ void check_values_on_self_device(const at::Tensor& self, const at::Tensor& value
               self.device(), " and ", values.device(), "!");
 }
 
-// One argument of a kSameDevice rule, as c10::impl::check_and_update_common_device reads it.
+// The device a kSameDevice rule's arguments must share: the first defined tensor's, as torch's generated
+// check (c10::impl::check_and_update_common_device) takes it; a tensor on another raises torch's error.
 class CommonDevice {
  public:
   explicit CommonDevice(const DeviceRule& rule) : rule_(rule) {}
