@@ -90,9 +90,10 @@ RAISED_AS_THE_REFERENCE = "raised as the reference does"
 
 def compare_sample(opinfo, sample, op: str, dtype: torch.dtype, variant: str = "") -> tuple[str, str]:
     """Runs `sample` (the `variant` way) natively and on flagos (the caller routes `op` to flaggems);
-    ('pass'|'mismatch'|'error', message), a pass's message RAISED_AS_THE_REFERENCE where both raised. The reference is CUDA, except for "grad": a CUDA backward cannot
-    run in a process that imported torch_fl (pytorch#161129), so there it is flagos with `op` on the native
-    route, which runs CUDA's kernels."""
+    ('pass'|'mismatch'|'error', message); a pass's message is RAISED_AS_THE_REFERENCE where both raised.
+    The reference is CUDA, except for "grad": a CUDA backward cannot run in a process that imported
+    torch_fl (pytorch#161129), so there it is flagos with `op` on the native route, which runs CUDA's
+    kernels."""
     from torch_fl import routing
 
     dut = move_for_variant(sample, variant, "flagos")  # before the reference: in-place variants mutate it
