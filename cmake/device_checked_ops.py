@@ -3,11 +3,13 @@
 torch's code generator gives every kernel of a device-guarded backend (CUDA, XPU) a device check: each tensor
 argument (out= ones first, then the positional ones) must be on the device of the first, unless the
 operator's entry in native_functions.yaml says ``device_check: NoCheck`` (TensorIterator ops, which take
-0-dim CPU tensors, copies, indexing with CPU indices, the foreach ops). A host kernel, which runs the
-simulated accelerator's calls on native aliases, has no such check, so flagos reproduces it from this table
-(csrc/ops/routes/device_checks.cpp): the operators with a CUDA kernel and the check, each with the arguments
-checked, in torch's order. Read from the yaml that ships with the installed torch (torchgen/packaged), so the
-table matches the torch being built against.
+0-dim CPU tensors, copies, indexing with CPU indices, the foreach ops). Of those, the ones the yaml marks
+``# TensorIterator`` check in their TensorIterator instead: every tensor on one device but 0-dim CPU inputs.
+A host kernel, which runs the simulated accelerator's calls on native aliases, has neither check, so flagos
+reproduces both from this table (csrc/ops/routes/device_checks.cpp): the operators with a CUDA kernel and a
+check, each with its kind and the arguments checked, in torch's order, outputs marked ``!``. Read from the
+yaml that ships with the installed torch (torchgen/packaged), so the table matches the torch being built
+against.
 
     python cmake/device_checked_ops.py OUTPUT [YAML_DIR]
 
@@ -30,13 +32,15 @@ def packaged_yaml_dir() -> str | None:
 
 
 def read_entries(path: str) -> list[dict]:
-    """The entries of native_functions.yaml with the keys this table needs: `func`, `device_check`,
-    `structured_delegate`, whether it has `ufunc_inner_loop`, and its `dispatch` keys. Read line by line
-    (the file's layout is regular), so the build needs no YAML library."""
+    """The entries of native_functions.yaml with the keys this table needs: `func`, `device_check` (and
+    whether its comment says TensorIterator), `structured_delegate`, whether it has `ufunc_inner_loop`, and
+    its `dispatch` keys. Read line by line (the file's layout is regular), so the build needs no YAML
+    library."""
     entries: list[dict] = []
     section = None
     for raw in open(path):
-        line = raw.split("#", 1)[0].rstrip()
+        line, _, comment = raw.partition("#")
+        line = line.rstrip()
         if not line.strip():
             continue
         if line.startswith("- func:"):
@@ -50,14 +54,22 @@ def read_entries(path: str) -> list[dict]:
             section = key
             if key in ("device_check", "structured_delegate"):
                 entries[-1][key] = value.strip()
+            if key == "device_check":
+                entries[-1]["tensor_iterator"] = comment.strip().startswith("TensorIterator")
             elif key == "ufunc_inner_loop":
                 entries[-1][key] = True
     return entries
 
 
-def checked_ops(yaml_dir: str) -> list[tuple[str, str, list[str]]]:
-    """(aten::name, overload, argument names in check order) of every operator whose CUDA kernel checks
-    devices and that can meet two devices (two tensor arguments, or a tensor list)."""
+# TensorIterator ops whose other tensors may be on another device by design: indices on the CPU, and
+# bernoulli's probabilities, which CUDA's kernel moves to self's device.
+NOT_TENSOR_ITERATOR_CHECKED = {"index", "_index_put_impl_", "index_fill_", "bernoulli", "bernoulli_"}
+
+
+def checked_ops(yaml_dir: str) -> list[tuple[str, str, list[str], bool]]:
+    """(aten::name, overload, argument names in check order with outputs marked "!", whether the check is
+    TensorIterator's) of every operator whose CUDA kernel checks devices and that can meet two devices (two
+    tensor arguments, or a tensor list)."""
     from torchgen.model import FunctionSchema
 
     entries = read_entries(os.path.join(yaml_dir, "native_functions.yaml"))
@@ -72,14 +84,20 @@ def checked_ops(yaml_dir: str) -> list[tuple[str, str, list[str]]]:
     for e in entries:
         # A structured op's functional and in-place forms share its out= form's kernel (and its check).
         kernel_of = by_name[e["structured_delegate"]] if "structured_delegate" in e else e
-        if e.get("device_check") == "NoCheck" or not has_cuda_kernel(kernel_of):
-            continue
         schema = schemas[id(e)]
+        tensor_iterator = e.get("device_check") == "NoCheck" and e.get("tensor_iterator", False)
+        if tensor_iterator and str(schema.name.name) in NOT_TENSOR_ITERATOR_CHECKED:
+            continue
+        if (e.get("device_check") == "NoCheck" and not tensor_iterator) or not has_cuda_kernel(kernel_of):
+            continue
         checked = [*schema.arguments.out, *schema.arguments.flat_positional]
         tensors = [a for a in checked if a.type.is_tensor_like()]
         if len(tensors) < 2 and not any(a.type.is_list_like() for a in tensors):
             continue
-        table.append((f"aten::{schema.name.name}", schema.name.overload_name, [a.name for a in tensors]))
+        names = [
+            ("!" if a.annotation is not None and a.annotation.is_write else "") + a.name for a in tensors
+        ]
+        table.append((f"aten::{schema.name.name}", schema.name.overload_name, names, tensor_iterator))
     return table
 
 
@@ -92,9 +110,13 @@ def main() -> int:
     table = checked_ops(yaml_dir) if yaml_dir else []
     lines = [
         "// Generated by cmake/device_checked_ops.py from torch's native_functions.yaml: the operators whose",
-        "// CUDA kernels check that their tensors share a device, and the arguments checked, in torch's order.",
+        "// CUDA kernels check that their tensors share a device, the arguments checked in torch's order",
+        "// (outputs marked !), and whether the check is TensorIterator's.",
     ]
-    lines += [f'{{"{name}", "{overload}", "{",".join(args)}"}},' for name, overload, args in table]
+    lines += [
+        f'{{"{name}", "{overload}", "{",".join(args)}", {str(iterator).lower()}}},'
+        for name, overload, args, iterator in table
+    ]
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     # Rewritten only when it changes, so that a re-run does not recompile its includer.

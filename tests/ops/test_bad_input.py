@@ -252,6 +252,61 @@ def test_ops_refuse_a_tensor_of_another_device_as_cuda_does(call, other, request
     assert torch.equal(call(a, b.to("flagos:0")).cpu(), call(a.cpu(), b.cpu()))
 
 
+# (name, call on flagos tensors `a` (3x4 floats), `mask` (3x4 bools) and a 3x4 float tensor `b` of another
+# device): TensorIterator ops, which the yaml exempts from the generated check and which check in their
+# TensorIterator instead (their out= forms and the ones that are not structured run no meta on flagos).
+TENSOR_ITERATOR_CALLS = [
+    ("where", lambda a, mask, b: torch.where(mask, a, b)),
+    ("where_condition", lambda a, mask, b: torch.where(b > 0, a, a)),
+    ("logical_and", lambda a, mask, b: torch.logical_and(a, b)),
+    ("floor_divide", lambda a, mask, b: torch.floor_divide(a, b)),
+    ("binary_cross_entropy", lambda a, mask, b: torch.nn.functional.binary_cross_entropy(a.sigmoid(), b)),
+    ("masked_fill_", lambda a, mask, b: a.clone().masked_fill_(b > 0, 1.0)),
+    ("add_", lambda a, mask, b: a.clone().add_(b)),  # in place: the unboxed kernel
+    ("mul_out", lambda a, mask, b: torch.mul(a, b, out=torch.empty_like(a))),  # the out= tensor on flagos
+    ("sin_out", lambda a, mask, b: torch.sin(a, out=b)),  # the out= tensor on the other device
+    ("std_out", lambda a, mask, b: torch.std(a, dim=1, out=b[:, 0])),  # a reduction's
+]
+
+
+@pytest.mark.parametrize(
+    "call", [c[1] for c in TENSOR_ITERATOR_CALLS], ids=[c[0] for c in TENSOR_ITERATOR_CALLS]
+)
+@pytest.mark.parametrize("other", ["cpu", "flagos:1"])
+def test_tensor_iterator_ops_refuse_a_tensor_of_another_device(call, other, request):
+    """A TensorIterator op refuses a tensor of another device that is not a 0-dim CPU input, with
+    TensorIterator's error, on the native and on the cpu route; once the devices agree it gives the CPU's
+    result."""
+    if other == "flagos:1":
+        request.getfixturevalue("two_devices_only")
+    a = torch.rand(3, 4, device="flagos:0")
+    mask = a > 0.5
+    b = torch.rand(3, 4, device=other)
+    # TensorIterator names the first operand's device first (outputs come first), and the CPU last.
+    pattern = "flagos:0 and cpu!" if other == "cpu" else "(flagos:0 and flagos:1|flagos:1 and flagos:0)!"
+    with pytest.raises(RuntimeError, match=pattern):
+        call(a, mask, b)
+    with torch_fl.routing.override(
+        {"aten::where.self": "cpu", "aten::add_.Tensor": "cpu", "aten::mul.out": "cpu"}
+    ):
+        with pytest.raises(RuntimeError, match=pattern):
+            call(a, mask, b)
+    expected = call(a.cpu(), mask.cpu(), b.cpu())
+    assert torch.equal(call(a, mask, b.to("flagos:0")).cpu(), expected)
+
+
+def test_tensor_iterator_ops_take_0_dim_cpu_inputs_not_outputs():
+    """A 0-dim CPU tensor is a scalar input to a TensorIterator op; as its output it is refused."""
+    a = torch.arange(3.0, device="flagos")
+    assert torch.where(torch.tensor(True), a, a).cpu().tolist() == [0.0, 1.0, 2.0]
+    assert a.clone().add_(torch.tensor(1.0)).cpu().tolist() == [1.0, 2.0, 3.0]
+    assert torch.pow(torch.tensor(2.0), a).cpu().tolist() == [1.0, 2.0, 4.0]
+    out = torch.tensor(5.0)
+    with pytest.raises(RuntimeError, match="found at least two devices, flagos:0 and cpu!"):
+        torch.sum(a, 0, out=out)
+    assert out.item() == 5.0  # refused before anything ran
+
+
 def test_a_0_dim_cpu_tensor_is_refused_where_cuda_refuses_it():
     """The device check exempts no 0-dim tensor (only TensorIterator ops, exempt from it, take them)."""
     with pytest.raises(RuntimeError, match="but got index is on cpu"):

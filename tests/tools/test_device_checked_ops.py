@@ -1,6 +1,7 @@
 """cmake/device_checked_ops.py, the build step that reads which operators' CUDA kernels check their tensors'
 devices from torch's native_functions.yaml: the table holds what cuda refuses and nothing it takes, its line
-reader agrees with torchgen's own YAML parser, and an unchanged table is not rewritten."""
+reader agrees with torchgen's own YAML parser (and with the yaml's TensorIterator comments), and an unchanged
+table is not rewritten."""
 
 from __future__ import annotations
 
@@ -25,18 +26,32 @@ def _yaml_dir() -> str:
 
 
 def _generate(out: pathlib.Path) -> dict:
+    """{(name, overload): (arguments, whether the check is TensorIterator's)} of the written table."""
     subprocess.run([sys.executable, str(SCRIPT), str(out), _yaml_dir()], check=True)
-    rows = re.findall(r'^\{"([^"]+)", "([^"]*)", "([^"]*)"\},$', out.read_text(), re.M)
-    return {(name, overload): args.split(",") for name, overload, args in rows}
+    rows = re.findall(r'^\{"([^"]+)", "([^"]*)", "([^"]*)", (true|false)\},$', out.read_text(), re.M)
+    assert len(rows) == out.read_text().count("\n{"), "every row parsed"
+    return {(name, overload): (args.split(","), kind == "true") for name, overload, args, kind in rows}
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory):
+def table(tmp_path_factory):
     return _generate(tmp_path_factory.mktemp("generated") / "device_checked_ops.inc")
 
 
+@pytest.fixture(scope="module")
+def checked(table):
+    """The rows of the generated check (kSameDevice)."""
+    return {op: args for op, (args, iterator) in table.items() if not iterator}
+
+
+@pytest.fixture(scope="module")
+def iterator_checked(table):
+    """The rows of TensorIterator's check (kTensorIterator)."""
+    return {op: args for op, (args, iterator) in table.items() if iterator}
+
+
 def test_the_table_holds_what_cuda_refuses_and_not_what_it_takes(checked):
-    assert checked[("aten::mm", "out")] == ["out", "self", "mat2"]  # out= first, as torch checks
+    assert checked[("aten::mm", "out")] == ["!out", "self", "mat2"]  # out= first, as torch checks
     assert checked[("aten::index_select", "")] == ["self", "index"]
     assert checked[("aten::cat", "")] == ["tensors"]  # one list argument
     exempt = [
@@ -49,6 +64,35 @@ def test_the_table_holds_what_cuda_refuses_and_not_what_it_takes(checked):
     for op in exempt:
         assert op not in checked, op  # device_check: NoCheck
     assert ("aten::relu", "") not in checked  # one tensor: nothing to compare
+
+
+def test_tensor_iterator_ops_are_checked_as_their_tensor_iterator_does(iterator_checked):
+    assert iterator_checked[("aten::where", "self")] == ["condition", "self", "other"]
+    assert iterator_checked[("aten::add_", "Tensor")] == ["!self", "other"]  # in place: self is written
+    assert iterator_checked[("aten::sin", "out")] == ["!out", "self"]
+    for op in [
+        ("aten::index", "Tensor"),
+        ("aten::index_fill_", "int_Tensor"),
+        ("aten::bernoulli_", "Tensor"),
+    ]:
+        assert op not in iterator_checked, op  # indices, probabilities: another device by design
+    assert ("aten::sin", "") not in iterator_checked  # one tensor
+
+
+def test_tensor_iterator_rows_are_the_yaml_entries_marked_so(iterator_checked):
+    """Every entry whose device_check line carries the TensorIterator comment, with a CUDA kernel (its
+    own or its structured delegate's) and two tensors, but the ones taking other devices by design."""
+    text = open(os.path.join(_yaml_dir(), "native_functions.yaml")).read()
+    marked = set()
+    for entry in re.split(r"\n(?=- func:)", text):
+        func = re.match(r"- func: ([\w.]+)\(", entry)
+        if func and re.search(r"device_check: NoCheck\s+# TensorIterator", entry):
+            marked.add(func[1])
+    found = {
+        f"{name[len('aten::') :]}{'.' + overload if overload else ''}" for name, overload in iterator_checked
+    }
+    assert found <= marked
+    assert {"where.self", "where.self_out", "logical_and.out", "add.out", "sum.IntList_out"} <= found
 
 
 def test_the_line_reader_agrees_with_torchgen(checked):
@@ -70,7 +114,10 @@ def test_the_line_reader_agrees_with_torchgen(checked):
         arguments = [*f.func.arguments.out, *f.func.arguments.flat_positional]
         tensors = [a for a in arguments if a.type.is_tensor_like()]
         if len(tensors) >= 2 or any(a.type.is_list_like() for a in tensors):
-            expected[(f"aten::{f.func.name.name}", f.func.name.overload_name)] = [a.name for a in tensors]
+            names = [
+                ("!" if a.annotation is not None and a.annotation.is_write else "") + a.name for a in tensors
+            ]
+            expected[(f"aten::{f.func.name.name}", f.func.name.overload_name)] = names
     assert checked == expected
 
 

@@ -15,30 +15,35 @@ namespace {
 struct CheckedOp {
   const char* name;
   const char* overload;
-  const char* arguments;  // comma-separated, in torch's order
+  const char* arguments;  // comma-separated, in torch's order, outputs marked "!"
+  bool tensor_iterator;   // TensorIterator's check (kTensorIterator), else the generated one (kSameDevice)
 };
 
 // The operators whose CUDA kernels check that their tensors share a device (generated at build time).
 constexpr CheckedOp kCheckedOps[] = {
 #include "device_checked_ops.inc"
-    {nullptr, nullptr, nullptr},  // the end; keeps the array non-empty where torch ships no yaml
+    {nullptr, nullptr, nullptr, false},  // the end; keeps the array non-empty where torch ships no yaml
 };
 
 using RuleTable = ska::flat_hash_map<const c10::OperatorName*, DeviceRule>;
 
-// The kSameDevice rule of `op` with the arguments named in `arguments`, or nullopt when its schema lacks
-// one of them (a torch whose yaml and registered schema disagree: no check rather than a wrong one).
-std::optional<DeviceRule> same_device_rule(const c10::OperatorHandle& op, std::string_view arguments) {
-  DeviceRule rule{DeviceRule::Kind::kSameDevice, {}, {}, ""};
+// The rule of `kind` for `op` with the arguments named in `arguments`, or nullopt when its schema lacks one
+// of them (a torch whose yaml and registered schema disagree: no check rather than a wrong one).
+std::optional<DeviceRule> argument_rule(const c10::OperatorHandle& op, DeviceRule::Kind kind,
+                                        std::string_view arguments) {
+  DeviceRule rule{kind, {}, {}, {}, ""};
   const c10::FunctionSchema& schema = op.schema();
   rule.method = schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
   while (!arguments.empty()) {
     const size_t comma = arguments.find(',');
-    const std::string_view name = arguments.substr(0, comma);
+    std::string_view name = arguments.substr(0, comma);
     arguments = comma == std::string_view::npos ? std::string_view() : arguments.substr(comma + 1);
+    const bool output = !name.empty() && name.front() == '!';
+    if (output) name.remove_prefix(1);
     const std::optional<int> position = schema.argumentIndexWithName(name);
     if (!position.has_value()) return std::nullopt;
     rule.positions.push_back(static_cast<uint8_t>(*position));
+    rule.outputs.push_back(output);
     rule.names.emplace_back(name);
   }
   return rule;
@@ -54,8 +59,10 @@ const RuleTable& rules() {
     };
     for (const CheckedOp& checked : kCheckedOps) {
       if (checked.name == nullptr) break;
+      const auto kind =
+          checked.tensor_iterator ? DeviceRule::Kind::kTensorIterator : DeviceRule::Kind::kSameDevice;
       if (std::optional<c10::OperatorHandle> op = dispatcher.findOp({checked.name, checked.overload})) {
-        if (std::optional<DeviceRule> rule = same_device_rule(*op, checked.arguments)) add(*op, *rule);
+        if (std::optional<DeviceRule> rule = argument_rule(*op, kind, checked.arguments)) add(*op, *rule);
       }
     }
     const std::pair<c10::OperatorName, DeviceRule::Kind> indexing[] = {
@@ -66,7 +73,7 @@ const RuleTable& rules() {
         {{"aten::_index_put_impl", "out"}, DeviceRule::Kind::kIndexPut},  // and its out= form
     };
     for (const auto& [name, kind] : indexing) {
-      if (std::optional<c10::OperatorHandle> op = dispatcher.findOp(name)) add(*op, {kind, {}, {}, ""});
+      if (std::optional<c10::OperatorHandle> op = dispatcher.findOp(name)) add(*op, {kind, {}, {}, {}, ""});
     }
     return found;
   }();
@@ -94,14 +101,30 @@ void check_values_on_self_device(const at::Tensor& self, const at::Tensor& value
               self.device(), " and ", values.device(), "!");
 }
 
-// The device a kSameDevice rule's arguments must share: the first defined tensor's, as torch's generated
-// check (c10::impl::check_and_update_common_device) takes it; a tensor on another raises torch's error.
+// The device an argument rule's tensors must share. kSameDevice: the first defined tensor's, as torch's
+// generated check (c10::impl::check_and_update_common_device) takes it, with its error. kTensorIterator:
+// the first one's that is not a 0-dim CPU input, with TensorIterator's error, which names that device
+// first unless it is the CPU.
 class CommonDevice {
  public:
   explicit CommonDevice(const DeviceRule& rule) : rule_(rule) {}
 
   void check(const at::Tensor& t, size_t i) {
-    c10::impl::check_and_update_common_device(device_, t, rule_.method.c_str(), rule_.names[i].c_str());
+    if (rule_.kind == DeviceRule::Kind::kSameDevice) {
+      c10::impl::check_and_update_common_device(device_, t, rule_.method.c_str(), rule_.names[i].c_str());
+      return;
+    }
+    if (!t.defined()) return;
+    const c10::Device device = t.device();
+    if (C10_LIKELY(device_.has_value() && device == *device_)) return;
+    if (!rule_.outputs[i] && device.is_cpu() && t.dim() == 0) return;  // a CPU scalar input
+    if (!device_.has_value()) {
+      device_ = device;
+      return;
+    }
+    const bool cpu_first = device_->is_cpu();
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                cpu_first ? device : *device_, " and ", cpu_first ? *device_ : device, "!");
   }
   void check(const c10::IValue& v, size_t i) {
     if (v.isTensor()) {
@@ -137,7 +160,8 @@ void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Sta
     case DeviceRule::Kind::kIndexPut:
       check_values_on_self_device(args[0].toTensor(), args[2].toTensor(), args[3].toBool());
       return;
-    case DeviceRule::Kind::kSameDevice: {
+    case DeviceRule::Kind::kSameDevice:
+    case DeviceRule::Kind::kTensorIterator: {
       CommonDevice common(*rule);
       for (size_t i = 0; i < rule->positions.size(); ++i) common.check(args[rule->positions[i]], i);
       return;
@@ -147,9 +171,10 @@ void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Sta
 
 namespace device_check_detail {
 
-void check_same_device(const DeviceRule& rule, c10::ArrayRef<TensorArg> args) {
-  TORCH_INTERNAL_ASSERT(rule.kind == DeviceRule::Kind::kSameDevice, "an unboxed call of ", rule.method,
-                        ", whose device rule only the boxed path checks");
+void check_tensor_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args) {
+  TORCH_INTERNAL_ASSERT(
+      rule.kind == DeviceRule::Kind::kSameDevice || rule.kind == DeviceRule::Kind::kTensorIterator,
+      "an unboxed call of ", rule.method, ", whose device rule only the boxed path checks");
   CommonDevice common(rule);
   for (size_t i = 0; i < rule.positions.size(); ++i) {
     const TensorArg& arg = args[rule.positions[i]];

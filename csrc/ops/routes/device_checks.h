@@ -39,9 +39,15 @@ struct DeviceRule {
     // arguments come from the installed torch's native_functions.yaml at build time
     // (cmake/device_checked_ops.py): those with a CUDA kernel and no `device_check: NoCheck`.
     kSameDevice,
+    // TensorIterator's check (its ops say `device_check: NoCheck  # TensorIterator` in the yaml): every
+    // tensor argument in `positions` on one device, but inputs that are 0-dim CPU tensors (which a device's
+    // TensorIterator takes as scalars). Some kernels take fewer (a unary op none, masked_fill_ no CPU
+    // mask); flagos takes them all, and refuses what every kernel refuses.
+    kTensorIterator,
   };
   Kind kind;
-  c10::SmallVector<uint8_t, 4> positions;  // kSameDevice: the checked arguments' schema positions, in order
+  c10::SmallVector<uint8_t, 4> positions;  // the checked arguments' schema positions, in order
+  c10::SmallVector<bool, 4> outputs;       // whether each is written (out=, in-place self)
   std::vector<std::string> names;          // their names, for the error
   std::string method;                      // the op, for the error: "aten::mm.out"
 };
@@ -74,16 +80,16 @@ TensorArg tensor_arg(const T& v) {
   return {};
 }
 
-void check_same_device(const DeviceRule& rule, c10::ArrayRef<TensorArg> args);
+void check_tensor_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args);
 }  // namespace device_check_detail
 
-// The same check for an unboxed call of an op whose rule is `rule` (a kSameDevice one: the indexing ops
-// have no unboxed kernel), its arguments in schema order.
+// The same check for an unboxed call of an op whose rule is `rule` (kSameDevice or kTensorIterator: the
+// indexing ops have no unboxed kernel), its arguments in schema order.
 template <class... Args>
 void check_argument_devices(const DeviceRule& rule, const Args&... args) {
   const std::array<device_check_detail::TensorArg, sizeof...(Args)> refs{
       device_check_detail::tensor_arg(args)...};
-  device_check_detail::check_same_device(rule, refs);
+  device_check_detail::check_tensor_devices(rule, refs);
 }
 
 }  // namespace flagos::ops

@@ -351,7 +351,7 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     }
     const c10::OperatorHandle& op = handle();
     static const DeviceRule* const device_rule_of_op = device_rule(op);
-    if (C10_UNLIKELY(device_rule_of_op != nullptr)) check_argument_devices(*device_rule_of_op, args...);
+    if (device_rule_of_op != nullptr) check_argument_devices(*device_rule_of_op, args...);
     if (runtime::capture::underway()) {
       // A graph capture (HAL mode): the boxed path records the call, or routes it as usual.
       static const c10::BoxedKernel capture = c10::BoxedKernel::makeFromFunction<&capture_or_route>();
