@@ -2,8 +2,8 @@
 // does not. A routed call runs the native device's kernel on aliases of the flagos tensors: a host kernel
 // (the simulated accelerator's native device is the CPU) sees a CPU argument and a flagos one alike, and
 // the cpu route moves every argument to the CPU, so a call that cuda refuses would silently succeed there.
-// The router checks these rules before any route, on every accelerator, so such a call is refused as on
-// cuda, with torch's messages naming flagos devices (backed by CUDA, the CUDA kernel would name its own).
+// The router checks these rules before any route that needs them (router_checks_devices), so such a call
+// is refused as on cuda, with torch's messages naming flagos devices.
 #pragma once
 
 #include <ATen/core/IListRef.h>
@@ -23,7 +23,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/routes/native_memory.h"
+#include "ops/routing/router.h"
+
 namespace flagos::ops {
+
+// Whether the router checks a call's argument devices before `backend` runs it: on every route but the
+// native one where the native device's kernels check devices themselves (CUDA). Those get the flagos
+// tensors as aliases of their own device and refuse what cuda refuses, naming their device (cuda:0 where
+// the router would name flagos:0), so a second check would only cost time on every call. A host kernel
+// (the simulated accelerator's CPU kernels) checks nothing, and the cpu, flaggems and python routes see
+// the tensors before any device kernel does.
+inline bool router_checks_devices(Backend backend) {
+  return backend != Backend::kNative || native_memory::native().host_kernels;
+}
 
 // One operator's rule.
 struct DeviceRule {

@@ -200,8 +200,9 @@ void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::
 }
 
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  check_argument_devices(op, *stack);
-  record_or_run_route(route_for(op), op, stack);
+  const Backend backend = route_for(op);
+  if (router_checks_devices(backend)) check_argument_devices(op, *stack);
+  record_or_run_route(backend, op, stack);
 }
 
 void layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {

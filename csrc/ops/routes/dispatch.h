@@ -23,8 +23,8 @@ void run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack
 // inside such a capture.
 void record_or_run_route(Backend backend, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The boxed PrivateUse1 fallback: check_argument_devices (ops/routes/device_checks.h), route_for(op),
-// then record_or_run_route. Also the kernel that
+// The boxed PrivateUse1 fallback: route_for(op), check_argument_devices where router_checks_devices
+// (ops/routes/device_checks.h), then record_or_run_route. Also the kernel that
 // entry_kernels.cpp registers for the ops flagos routes directly although a composite kernel would otherwise
 // run for them.
 void routed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);

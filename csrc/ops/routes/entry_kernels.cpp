@@ -88,7 +88,7 @@ void routed_composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* s
   if (key.has_value()) {
     op.callBoxedForDispatchKey(*key, *stack);  // its ops reach the router (and a capture) one by one
   } else {
-    check_argument_devices(op, *stack);
+    if (router_checks_devices(r.backend)) check_argument_devices(op, *stack);
     record_or_run_route(r.backend, op, stack);
   }
 }

@@ -351,14 +351,17 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     }
     const c10::OperatorHandle& op = handle();
     static const DeviceRule* const device_rule_of_op = device_rule(op);
-    if (device_rule_of_op != nullptr) check_argument_devices(*device_rule_of_op, args...);
     if (runtime::capture::underway()) {
       // A graph capture (HAL mode): the boxed path records the call, or routes it as usual.
+      if (device_rule_of_op != nullptr) check_argument_devices(*device_rule_of_op, args...);
       static const c10::BoxedKernel capture = c10::BoxedKernel::makeFromFunction<&capture_or_route>();
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
     }
     const Backend backend = route_.get(op).backend;
+    if (device_rule_of_op != nullptr && router_checks_devices(backend)) {
+      check_argument_devices(*device_rule_of_op, args...);
+    }
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           route_kernel(backend), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
