@@ -169,12 +169,28 @@ void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Sta
   }
 }
 
-namespace device_check_detail {
-
-void check_tensor_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args) {
+void check_argument_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args) {
   TORCH_INTERNAL_ASSERT(
       rule.kind == DeviceRule::Kind::kSameDevice || rule.kind == DeviceRule::Kind::kTensorIterator,
       "an unboxed call of ", rule.method, ", whose device rule only the boxed path checks");
+  // Almost every call: the checked arguments are tensors on one device (but TensorIterator's CPU scalars),
+  // which the rule takes. Anything else (an undefined or optional tensor, a list, two devices) takes the
+  // rule's own walk below, which raises its error.
+  const bool iterator = rule.kind == DeviceRule::Kind::kTensorIterator;
+  std::optional<c10::Device> first;
+  bool plain = true;
+  for (size_t i = 0; i < rule.positions.size() && plain; ++i) {
+    const TensorArg& arg = args[rule.positions[i]];
+    const auto* t = static_cast<const at::Tensor*>(arg.value);
+    plain = arg.kind == TensorArg::kTensor && t->defined();
+    if (!plain) break;
+    const c10::Device device = t->device();
+    if (first.has_value() && device == *first) continue;
+    if (iterator && !rule.outputs[i] && device.is_cpu() && t->dim() == 0) continue;  // a CPU scalar input
+    plain = !first.has_value();
+    first = device;
+  }
+  if (C10_LIKELY(plain)) return;
   CommonDevice common(rule);
   for (size_t i = 0; i < rule.positions.size(); ++i) {
     const TensorArg& arg = args[rule.positions[i]];
@@ -203,5 +219,4 @@ void check_tensor_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args)
   }
 }
 
-}  // namespace device_check_detail
 }  // namespace flagos::ops

@@ -16,7 +16,6 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -72,8 +71,8 @@ const DeviceRule* device_rule(const c10::OperatorHandle& op);
 // rule refuses. Every op without a rule passes (one table lookup).
 void check_argument_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
-namespace device_check_detail {
-// A tensor argument of an unboxed call, as the same-device check reads it.
+// A tensor argument of an unboxed call, as the check reads it: its kind, from its C++ type at compile time
+// (kTensorArgKind), and its address.
 struct TensorArg {
   enum Kind : uint8_t { kOther, kTensor, kOptionalTensor, kTensorList, kTensorRefList, kOptionalTensorList };
   Kind kind = kOther;
@@ -81,28 +80,22 @@ struct TensorArg {
 };
 
 template <class T>
-TensorArg tensor_arg(const T& v) {
-  using U = std::decay_t<T>;
-  if constexpr (std::is_same_v<U, at::Tensor>) return {TensorArg::kTensor, &v};
-  if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) return {TensorArg::kOptionalTensor, &v};
-  if constexpr (std::is_same_v<U, at::TensorList>) return {TensorArg::kTensorList, &v};
-  if constexpr (std::is_same_v<U, at::ITensorListRef>) return {TensorArg::kTensorRefList, &v};
-  if constexpr (std::is_same_v<U, c10::List<std::optional<at::Tensor>>>) {
-    return {TensorArg::kOptionalTensorList, &v};
-  }
-  return {};
+constexpr TensorArg::Kind tensor_arg_kind() {
+  if constexpr (std::is_same_v<T, at::Tensor>) return TensorArg::kTensor;
+  if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) return TensorArg::kOptionalTensor;
+  if constexpr (std::is_same_v<T, at::TensorList>) return TensorArg::kTensorList;
+  if constexpr (std::is_same_v<T, at::ITensorListRef>) return TensorArg::kTensorRefList;
+  if constexpr (std::is_same_v<T, c10::List<std::optional<at::Tensor>>>)
+    return TensorArg::kOptionalTensorList;
+  return TensorArg::kOther;
 }
-
-void check_tensor_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args);
-}  // namespace device_check_detail
+template <class T>
+inline constexpr TensorArg::Kind kTensorArgKind = tensor_arg_kind<std::decay_t<T>>();
 
 // The same check for an unboxed call of an op whose rule is `rule` (kSameDevice or kTensorIterator: the
-// indexing ops have no unboxed kernel), its arguments in schema order.
-template <class... Args>
-void check_argument_devices(const DeviceRule& rule, const Args&... args) {
-  const std::array<device_check_detail::TensorArg, sizeof...(Args)> refs{
-      device_check_detail::tensor_arg(args)...};
-  device_check_detail::check_tensor_devices(rule, refs);
-}
+// indexing ops have no unboxed kernel): `args` are the call's arguments in schema order, each
+// TensorArg{kTensorArgKind<T>, &arg}, made where the call is (UnboxedKernel::call) so that the check is one
+// call.
+void check_argument_devices(const DeviceRule& rule, c10::ArrayRef<TensorArg> args);
 
 }  // namespace flagos::ops

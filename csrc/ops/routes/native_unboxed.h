@@ -351,16 +351,20 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     }
     const c10::OperatorHandle& op = handle();
     static const DeviceRule* const device_rule_of_op = device_rule(op);
+    // Whether the native route needs the check too (router_checks_devices): the op has a rule and the
+    // native kernels are host kernels. Decided at the op's first call, when a flagos tensor exists.
+    static const bool native_route_checks =
+        device_rule_of_op != nullptr && native_memory::native().host_kernels;
+    const Backend backend = route_.get(op).backend;
+    if (device_rule_of_op != nullptr && (backend != Backend::kNative || native_route_checks)) {
+      check_argument_devices(*device_rule_of_op, {TensorArg{kTensorArgKind<Args>, &args}...});
+    }
     if (runtime::capture::underway()) {
-      // A graph capture (HAL mode): the boxed path records the call, or routes it as usual.
-      if (device_rule_of_op != nullptr) check_argument_devices(*device_rule_of_op, args...);
+      // A graph capture (HAL mode, where host kernels make every rule checked above): the boxed path
+      // records the call, or routes it as usual.
       static const c10::BoxedKernel capture = c10::BoxedKernel::makeFromFunction<&capture_or_route>();
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           capture, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
-    }
-    const Backend backend = route_.get(op).backend;
-    if (device_rule_of_op != nullptr && router_checks_devices(backend)) {
-      check_argument_devices(*device_rule_of_op, args...);
     }
     if (C10_UNLIKELY(backend != Backend::kNative)) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
