@@ -54,7 +54,7 @@ struct DeviceRule {
     // TensorIterator's check (its ops say `device_check: NoCheck  # TensorIterator` in the yaml): every
     // tensor argument in `positions` on one device, but inputs that are 0-dim CPU tensors (which a device's
     // TensorIterator takes as scalars). Some kernels take fewer (a unary op none, masked_fill_ no CPU
-    // mask); flagos takes them all, and refuses what every kernel refuses.
+    // mask); where the router checks, flagos takes them all, and refuses what every kernel refuses.
     kTensorIterator,
   };
   Kind kind;
