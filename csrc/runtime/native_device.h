@@ -19,6 +19,9 @@ struct NativeDevice {
   // Kernels run on the calling thread over host memory: queued stream work on their memory must land
   // before they run, and their allocations can be flagos memory (HostKernelAllocations).
   bool host_kernels;
+  // Its kernels refuse tensors of two devices themselves, as torch's CUDA kernels do (the generated check,
+  // TensorIterator's, an op's own): the router need not check devices before the native route.
+  bool kernels_check_devices;
   c10::Allocator* allocator;         // the native device's allocator: what a native alias grows with
   c10::Allocator* flagos_allocator;  // flagos's device allocator
   // The deleter of flagos memory seen from the native device: the backing allocator's when backed, the

@@ -309,6 +309,26 @@ def test_tensor_iterator_ops_refuse_a_tensor_of_another_device(call, other, requ
     assert torch.equal(call(a, mask, b.to("flagos:0")).cpu(), expected)
 
 
+_CALLS_OF_TWO_TENSORS = [(name, call) for name, call, _ in MIXED_DEVICE_CALLS] + [
+    (name, lambda a, b, call=call: call(a, a > 0.5, b)) for name, call in TENSOR_ITERATOR_CALLS
+]
+
+
+@pytest.mark.gpu  # cuda is the other device type
+@pytest.mark.parametrize(
+    "call", [c[1] for c in _CALLS_OF_TWO_TENSORS], ids=[c[0] for c in _CALLS_OF_TWO_TENSORS]
+)
+def test_a_cuda_tensor_beside_flagos_ones_is_refused(call):
+    """Backed by CUDA, the native route leaves the device check to CUDA's kernels, which would see a cuda
+    tensor and the flagos tensors' cuda aliases as one device: the native call refuses the cuda tensor
+    itself, and the flagos tensors are left as they were."""
+    a = torch.rand(2, 2, device="flagos")
+    before = a.cpu()
+    with pytest.raises(RuntimeError, match="device"):
+        call(a, torch.rand(2, 2, device="cuda"))
+    assert torch.equal(a.cpu(), before)
+
+
 def test_tensor_iterator_ops_take_0_dim_cpu_inputs_not_outputs():
     """A 0-dim CPU tensor is a scalar input to a TensorIterator op; as its output it is refused."""
     a = torch.arange(3.0, device="flagos")

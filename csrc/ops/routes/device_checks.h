@@ -28,13 +28,14 @@
 namespace flagos::ops {
 
 // Whether the router checks a call's argument devices before `backend` runs it: on every route but the
-// native one where the native device's kernels check devices themselves (CUDA). Those get the flagos
-// tensors as aliases of their own device and refuse what cuda refuses, naming their device (cuda:0 where
-// the router would name flagos:0), so a second check would only cost time on every call. A host kernel
-// (the simulated accelerator's CPU kernels) checks nothing, and the cpu, flaggems and python routes see
-// the tensors before any device kernel does.
+// native one where the native device's kernels check devices themselves (NativeDevice::
+// kernels_check_devices: CUDA's). Those get the flagos tensors as aliases of their own device and refuse
+// what cuda refuses, naming their device (cuda:0 where the router would name flagos:0), so a second check
+// would only cost time on every call; a tensor of a third device (a cuda tensor beside flagos ones) is the
+// native call's own error (NativeCall). Host kernels (the simulated accelerator's CPU kernels) check
+// nothing, and the cpu, flaggems and python routes see the tensors before any device kernel does.
 inline bool router_checks_devices(Backend backend) {
-  return backend != Backend::kNative || native_memory::native().host_kernels;
+  return backend != Backend::kNative || !native_memory::native().kernels_check_devices;
 }
 
 // One operator's rule.

@@ -352,9 +352,9 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     const c10::OperatorHandle& op = handle();
     static const DeviceRule* const device_rule_of_op = device_rule(op);
     // Whether the native route needs the check too (router_checks_devices): the op has a rule and the
-    // native kernels are host kernels. Decided at the op's first call, when a flagos tensor exists.
+    // native kernels do not check devices. Decided at the op's first call, when a flagos tensor exists.
     static const bool native_route_checks =
-        device_rule_of_op != nullptr && native_memory::native().host_kernels;
+        device_rule_of_op != nullptr && !native_memory::native().kernels_check_devices;
     const Backend backend = route_.get(op).backend;
     if (device_rule_of_op != nullptr && (backend != Backend::kNative || native_route_checks)) {
       check_argument_devices(*device_rule_of_op, {TensorArg{kTensorArgKind<Args>, &args}...});

@@ -304,6 +304,7 @@ class BackedMode final : public RuntimeMode {
     device.type = backing_.type;
     device.key = c10::computeDispatchKey(std::nullopt, std::nullopt, c10::Device(backing_.type));
     device.host_kernels = false;
+    device.kernels_check_devices = true;  // the backing device's kernels are torch's own, which check
     device.allocator = c10::GetAllocator(backing_.type);
     return device;
   }

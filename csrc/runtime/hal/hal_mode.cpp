@@ -87,6 +87,7 @@ class HalMode final : public RuntimeMode {
     device.type = c10::DeviceType::CPU;
     device.key = c10::DispatchKey::CPU;
     device.host_kernels = true;
+    device.kernels_check_devices = false;  // a CPU kernel takes a flagos alias and a CPU tensor alike
     device.allocator = c10::GetAllocator(c10::DeviceType::CPU);  // the host-kernel wrapper, once installed
     return device;
   }
