@@ -6,14 +6,16 @@
 #   scripts/gpu/all.sh --plan PART...   print what would run (every process, its limit) and check that every
 #                                       test file of tests/ is run by a part of `test`; builds nothing
 #
-# Parts: test (= suite models entry), suite, models, entry, bench, multi-gpu, sim, opinfo:
+# Parts: test (= suite models entry), suite, models, entry (= entry-native entry-flaggems), bench, multi-gpu, sim,
+# opinfo:
 #   suite      every test file on the cuda accelerator, one pytest process a file, SUITE_WORKERS (6) at a time;
 #              but the files the parts below run; beside them the FlagGems kernel tests (their mm probe in a
 #              process of its own), the model-shape sweep of the shipped FlagGems config, the C++ suites
 #   models     Qwen3 at the 0.6B shape: inference, checkpoints, training, on the native route and on the FlagGems
 #              config (GEMS_CONFIG); tests/compile/test_compile.py
-#   entry      Qwen3 at the 0.6B shape: the demo and the benchmarks end to end (both configs), the training in a
-#              clean process, the compiled model
+#   entry      Qwen3 at the 0.6B shape: the demo and the benchmarks end to end, one part per config (entry-native,
+#              entry-flaggems: two lanes where there are two GPUs), the training in a clean process, the compiled
+#              model
 #   bench      the benchmarks with --json, one after another (GPU_BENCH names them; default below)
 #   multi-gpu  on every GPU at once, after the others: collective bandwidth, tests/distributed's GPU tests, DDP
 #              and FSDP2 training side by side with cuda (MULTI_GPU_PARTS, DIST_REPEATS, DIST_TRAIN_ARGS)
@@ -32,7 +34,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 source scripts/gpu/lib.sh
 
 usage() {
-  echo "usage: scripts/gpu/all.sh [--plan] PART...   parts: test suite models entry bench multi-gpu sim opinfo" >&2
+  echo "usage: scripts/gpu/all.sh [--plan] PART...   parts: test suite models entry entry-native entry-flaggems bench multi-gpu sim opinfo" >&2
   exit 2
 }
 PLAN=0
@@ -41,8 +43,9 @@ PLAN=0
 parts=()
 for arg in "$@"; do
   case $arg in
-    test) parts+=(suite models entry) ;;
-    suite | models | entry | bench | multi-gpu | sim | opinfo) parts+=("$arg") ;;
+    test) parts+=(suite models entry-native entry-flaggems) ;;
+    entry) parts+=(entry-native entry-flaggems) ;;
+    suite | models | entry-native | entry-flaggems | bench | multi-gpu | sim | opinfo) parts+=("$arg") ;;
     *) echo "error: no part '$arg'" >&2; usage ;;
   esac
 done
@@ -82,7 +85,7 @@ _job() {
   local part=$1 name=$2 kind=$3 cap=$4 log status
   shift 4
   if [ "$PLAN" = 1 ]; then
-    printf '%-9s %-44s %5s s  %s\n' "$part" "$name" "$cap" "$*"
+    printf '%-14s %-44s %5s s  %s\n' "$part" "$name" "$cap" "$*"
     printf '%s\n' "$@" | grep -E '^tests/.*\.py$' >> "$COVERED"
     return 0
   fi
@@ -118,7 +121,7 @@ pool() {
 suite_files() {
   local own
   own=$(printf '%s\n' "${own_files[@]}")
-  test_files | grep -vxF "$own" | awk '{ print (/^tests\/(compile|graphs|distributed|extensions|flaggems)\/|opinfo|distributed_benchmark/ ? 0 : 1), $0 }' \
+  test_files | grep -vxF "$own" | awk '{ print (/^tests\/(compile|graphs|distributed|extensions|flaggems)\/|opinfo|distributed_benchmark|flaggems_sweeps/ ? 0 : 1), $0 }' \
     | sort -k1,1n -s | cut -d' ' -f2
 }
 
@@ -147,15 +150,24 @@ part_models() {
   pytest_job models compile 560 "$compile_tests"
   wait
 }
-part_entry() {
-  # The clean-process training checks the reference, not the route: the native run covers it.
-  local gems=FLAGOS_BACKEND_CONFIG=$PWD/$GEMS_CONFIG shape=FLAGOS_QWEN3_SHAPE=0.6b
-  pytest_job entry native-demo 560 "$shape" "$entry_points" -k demo
-  pytest_job entry native-benchmarks 560 "$shape" "$entry_points" -k "not demo"
-  pytest_job entry flaggems-demo 560 "$shape" "$gems" "$entry_points" -k demo
-  pytest_job entry flaggems-benchmarks 560 "$shape" "$gems" "$entry_points" -k "not demo"
-  pytest_job entry native-clean-process 560 "$shape" "$training" -k clean_process
-  pytest_job entry compiled 560 "$shape" "$compiled_model"
+part_entry() { part_entry_native; part_entry_flaggems; }
+# The entry points of one config: the demos, the benchmarks, and apart from them the slow compile-time
+# benchmarks (cold compiler caches); the native config also runs the clean-process training (it checks the
+# reference, not the route) and the compiled model.
+part_entry_native() { entry_points_of native; }
+part_entry_flaggems() { entry_points_of flaggems FLAGOS_BACKEND_CONFIG="$PWD/$GEMS_CONFIG"; }
+entry_points_of() {
+  local config=$1 shape=FLAGOS_QWEN3_SHAPE=0.6b envs
+  shift
+  envs=("$shape" "$@")
+  pytest_job "entry-$config" demo 560 "${envs[@]}" "$entry_points" -k demo
+  pytest_job "entry-$config" benchmarks 560 "${envs[@]}" "$entry_points" -k "not demo and not compile_time"
+  pytest_job "entry-$config" compile-time 560 "${envs[@]}" "$entry_points" -k "compile_time and not steps"
+  pytest_job "entry-$config" compile-time-steps 560 "${envs[@]}" "$entry_points" -k "compile_time_benchmark_steps"
+  if [ "$config" = native ]; then
+    pytest_job entry-native clean-process 560 "$shape" "$training" -k clean_process
+    pytest_job entry-native compiled 560 "$shape" "$compiled_model"
+  fi
   wait
 }
 part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to benchmarks/records/ as it is made
