@@ -306,7 +306,8 @@ def test_tensor_iterator_ops_refuse_a_tensor_of_another_device(call, other, requ
         with pytest.raises(RuntimeError, match=pattern):  # the router's check for these three
             call(a, mask, b)
     expected = call(a.cpu(), mask.cpu(), b.cpu())
-    assert torch.equal(call(a, mask, b.to("flagos:0")).cpu(), expected)
+    # A CUDA kernel's sin or std may differ from the CPU's in the last bit.
+    torch.testing.assert_close(call(a, mask, b.to("flagos:0")).cpu(), expected)
 
 
 _CALLS_OF_TWO_TENSORS = [(name, call) for name, call, _ in MIXED_DEVICE_CALLS] + [
