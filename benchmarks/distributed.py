@@ -549,11 +549,11 @@ def record(args, results: dict) -> None:
     for row in results.get("train", []):
         pairs = row["block_ratios"] or (row["per_run_ratios"] if args.repeats > 1 else [])
         detail = (
-            f"Qwen3 {row['shape']} {row['strategy'].upper()} step, {world_size} ranks, {args.batch}x{args.seq_len} "
-            f"a rank, {args.repeats} launch(es) each"
+            f"Qwen3 {row['shape']} {row['strategy'].upper()}, {world_size} ranks, {args.batch}x{args.seq_len} "
+            f"a rank, {args.repeats} launch{'es' if args.repeats > 1 else ''} each"
         )
         if row["block_ratios"]:
-            detail += f", side by side in turns; paired {Ratio.of(row['block_ratios']).median:.3f}"
+            detail += f", side by side; paired {Ratio.of(row['block_ratios']).median:.3f}"
         rec.add(
             f"{row['strategy']}_step_time_ratio",
             row["time_ratio"],
