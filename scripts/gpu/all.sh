@@ -151,8 +151,8 @@ part_models() {
   wait
 }
 part_entry() { part_entry_native; part_entry_flaggems; }
-# The entry points of one config: the demos, the benchmarks, and apart from them the slow compile-time
-# benchmarks (cold compiler caches); the native config also runs the clean-process training (it checks the
+# The entry points of one config: the demos, the benchmarks, and apart from them the side-by-side training
+# benchmarks and the slow compile-time ones (cold compiler caches); the native config also runs the clean-process training (it checks the
 # reference, not the route) and the compiled model.
 part_entry_native() { entry_points_of native; }
 part_entry_flaggems() { entry_points_of flaggems FLAGOS_BACKEND_CONFIG="$PWD/$GEMS_CONFIG"; }
@@ -161,7 +161,9 @@ entry_points_of() {
   shift
   envs=("$shape" "$@")
   pytest_job "entry-$config" demo 560 "${envs[@]}" "$entry_points" -k demo
-  pytest_job "entry-$config" benchmarks 560 "${envs[@]}" "$entry_points" -k "not demo and not compile_time"
+  pytest_job "entry-$config" benchmarks 560 "${envs[@]}" "$entry_points" \
+    -k "not demo and not compile_time and not side_by_side"
+  pytest_job "entry-$config" side-by-side 560 "${envs[@]}" "$entry_points" -k "side_by_side"
   pytest_job "entry-$config" compile-time 560 "${envs[@]}" "$entry_points" -k "compile_time and not steps"
   pytest_job "entry-$config" compile-time-steps 560 "${envs[@]}" "$entry_points" -k "compile_time_benchmark_steps"
   if [ "$config" = native ]; then
