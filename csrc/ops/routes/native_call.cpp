@@ -84,7 +84,7 @@ class AliasScope {
         runtime::keep_borrowed_owner(*storage.unsafeGetStorageImpl());
         continue;
       }
-      recycler_->put(std::move(a.native), native_);
+      recycler_->put(std::move(a.native), a.flagos, native_);
     }
   }
 

@@ -15,8 +15,10 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/SmallVector.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -149,15 +151,20 @@ inline c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
 
 // Native aliases kept for reuse on this thread. Each native alias is three heap blocks (TensorImpl, its
 // version counter, StorageImpl), made and freed for every tensor argument of every native-route call; a
-// recycled one is a handful of stores. Only aliases that
-// nothing references after the call come back (one a kernel kept stays the kernel's), and they come back
-// with their storage emptied, so a free alias holds no flagos memory. Used for calls of native kernels
-// only: Python code could tie a Python object to an alias.
+// reused one is a handful of stores, or none. Only aliases that nothing references after the call come
+// back (one a kernel kept stays the kernel's). Used for calls of native kernels only: Python code could tie
+// a Python object to an alias.
 //
 // The aliases view their flagos memory without a reference to its storage (runtime::borrow_for_call):
 // the caller's tensor keeps it alive for the call, and AliasScope makes the view an owning one if the
-// alias outlives the call. With the dtype and device of a free alias matching the argument's, reusing it
-// takes no atomic operation at all.
+// alias outlives the call. An alias that comes back is kept in the slot of the flagos tensor it was made
+// for, viewing that tensor's memory as it was: the next call with that tensor (a weight, an optimizer's
+// state, a benchmark's operand) takes it with no store at all once it is shown to be a right alias still:
+// a view of the same memory of the same storage (a storage freed since, or whose memory changed, fails
+// that; a storage made later at the same address with the same memory would get this very alias), with the
+// tensor's dtype; the geometry and view bits are brought up to date as for any reused alias. An alias
+// pushed out of its slot joins the free list with its storage emptied, so a free alias holds no flagos
+// memory, and a kept one is never dereferenced before that check.
 class AliasRecycler {
  public:
   static AliasRecycler& local() {
@@ -171,15 +178,80 @@ class AliasRecycler {
     const c10::DeviceType type = native.type;
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
-    c10::Allocator* allocator = native.allocator;
-    c10::DataPtr memory = runtime::borrow_for_call(storage, device);
-    if (free_.empty() || type_ != type) {
-      return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
-                                      allocator, /*resizable=*/true),
-                         type, t);
+    at::Tensor alias = kept_alias_of(t, device, native);
+    if (!alias.defined()) {
+      c10::DataPtr memory = runtime::borrow_for_call(storage, device);
+      if (free_.empty() || type_ != type) {
+        return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
+                                        native.allocator, /*resizable=*/true),
+                           type, t);
+      }
+      alias = free_alias_for(t, device, std::move(memory), storage.nbytes());
     }
-    // Preferably one with t's dtype and device already (no storage reassignment, an atomic pair), among
-    // the last few put back: a bounded search however long the list.
+    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+    if (same_geometry(*impl, *t.unsafeGetTensorImpl())) {
+      if (impl->storage_offset() != t.storage_offset()) {
+        impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
+      }
+    } else {
+      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    }
+    if (C10_UNLIKELY(impl->is_conj() != t.is_conj())) impl->_set_conj(t.is_conj());
+    if (C10_UNLIKELY(impl->is_neg() != t.is_neg())) impl->_set_neg(t.is_neg());
+    return alias;
+  }
+
+  // Takes back an alias made by alias_of for flagos tensor `flagos` on native device `native`, once its
+  // call is over and nothing else references it or its storage: kept in the tensor's slot while it still
+  // views the call's memory, else to the free list.
+  void put(at::Tensor&& alias, const c10::TensorImpl* flagos, const runtime::NativeDevice& native) {
+    if (!reusable(alias, native)) return;
+    const c10::StorageImpl& storage = *alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (storage.data_ptr().get_deleter() != &runtime::detail::forget_borrowed) {
+      // The kernel gave the alias other memory (an out= argument it grew): not flagos memory to keep.
+      to_free_list(std::move(alias), native);
+      return;
+    }
+    Kept& kept = kept_[slot_of(flagos)];
+    if (kept.alias.defined()) to_free_list(std::move(kept.alias), native);
+    kept.flagos = flagos;
+    kept.alias = std::move(alias);
+  }
+
+ private:
+  struct Kept {
+    const c10::TensorImpl* flagos = nullptr;  // the tensor the alias was last made for (never dereferenced)
+    at::Tensor alias;
+  };
+
+  static size_t slot_of(const c10::TensorImpl* flagos) {
+    const auto address = reinterpret_cast<uintptr_t>(flagos);
+    return ((address >> 4) ^ (address >> 12)) & (kSlots - 1);
+  }
+
+  // The alias kept for t, if it is still a view of t's memory with t's dtype; undefined otherwise.
+  at::Tensor kept_alias_of(const at::Tensor& t, c10::Device device, const runtime::NativeDevice& native) {
+    Kept& kept = kept_[slot_of(t.unsafeGetTensorImpl())];
+    if (kept.flagos != t.unsafeGetTensorImpl()) return at::Tensor();
+    kept.flagos = nullptr;
+    at::Tensor alias = std::move(kept.alias);
+    c10::StorageImpl* owner = t.storage().unsafeGetStorageImpl();
+    const c10::StorageImpl& memory = *alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    // mutable_data(), as borrow_for_call() asks it: a storage made copy-on-write since is materialised
+    // first, so the alias never writes memory another tensor shares.
+    if (C10_LIKELY(memory.data_ptr().get_context() == owner && memory.data() == owner->mutable_data() &&
+                   memory.nbytes() == owner->nbytes() && memory.device() == device &&
+                   alias.unsafeGetTensorImpl()->dtype() == t.dtype())) {
+      return alias;
+    }
+    to_free_list(std::move(alias), native);  // reusable() when it was kept
+    return at::Tensor();
+  }
+
+  // A free alias for t over `memory`, removed from the list: preferably one with t's dtype and device
+  // already (no storage reassignment, an atomic pair), among the last few put back (a bounded search
+  // however long the list).
+  at::Tensor free_alias_for(const at::Tensor& t, c10::Device device, c10::DataPtr memory, size_t nbytes) {
     size_t pick = free_.size() - 1;
     bool same_kind = false;
     const size_t searched_from = free_.size() > kSearched ? free_.size() - kSearched : 0;
@@ -195,44 +267,44 @@ class AliasRecycler {
     if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
     free_.pop_back();
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    c10::StorageImpl* alias_storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    alias_storage->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: put() checked
-    alias_storage->set_nbytes(storage.nbytes());
+    c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: reusable() checked
+    storage->set_nbytes(nbytes);
     if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
-    if (same_geometry(*impl, *t.unsafeGetTensorImpl())) {
-      impl->set_storage_offset(t.storage_offset());  // the contiguity flags are right already
-    } else {
-      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    }
-    if (C10_UNLIKELY(impl->is_conj() != t.is_conj())) impl->_set_conj(t.is_conj());
-    if (C10_UNLIKELY(impl->is_neg() != t.is_neg())) impl->_set_neg(t.is_neg());
     return alias;
   }
 
-  // Takes back an alias made by alias_of on native device `native`, once its call is over and nothing else
-  // references it or its storage. Dropped instead when the list is full.
-  void put(at::Tensor&& alias, const runtime::NativeDevice& native) {
+  // Whether an alias can be reused at all: alias_of() reuses the storage's allocator and resizability as
+  // they are, so one a kernel changed (set_) is not taken back.
+  static bool reusable(const at::Tensor& alias, const runtime::NativeDevice& native) {
+    const c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return false;
+    const c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    return storage->allocator() == native.allocator && storage->resizable();
+  }
+
+  // Adds a reusable alias to the free list, its storage emptied; dropped instead when the list is full or
+  // holds aliases of another device type.
+  void to_free_list(at::Tensor&& alias, const runtime::NativeDevice& native) {
     if (free_.size() == kCapacity) return;
-    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
-    c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    // alias_of() reuses the storage's allocator and resizability as they are: one a kernel changed (set_)
-    // is not taken back.
-    if (storage->allocator() != native.allocator || !storage->resizable()) return;
-    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
-    storage->set_nbytes(0);
     if (free_.empty()) type_ = native.type;
     if (native.type != type_) return;
+    c10::StorageImpl* storage = alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
     free_.push_back(std::move(alias));
   }
 
- private:
   // Enough for the lists of an optimizer's foreach call over every parameter of a model (three lists of a
   // few hundred tensors): a list argument takes one alias per tensor. A free alias is a few hundred bytes.
   static constexpr size_t kCapacity = 2048;
   static constexpr size_t kSearched = 8;
+  // Slots for kept aliases, by the address of the flagos tensor: a model's weights and an optimizer
+  // step's tensors mostly keep theirs; one pushed out costs what a free alias costs.
+  static constexpr size_t kSlots = 256;
   c10::DeviceType type_ = c10::DeviceType::CPU;
   std::vector<at::Tensor> free_;
+  std::array<Kept, kSlots> kept_;
 };
 
 }  // namespace flagos::ops::native_memory

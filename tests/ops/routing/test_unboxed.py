@@ -223,6 +223,31 @@ def test_recycled_aliases_hold_no_memory():
     del y
 
 
+def test_kept_aliases_follow_their_tensors_memory():
+    # A tensor's alias is kept for its next call, which takes it only while it still views that tensor's
+    # memory: whatever replaced the memory between the calls, the next call sees the new one.
+    x = torch.arange(8.0, device="flagos")
+    torch.testing.assert_close(torch.neg(x).cpu(), -torch.arange(8.0))
+    x.set_(torch.full((8,), 3.0, device="flagos"))  # another storage
+    torch.testing.assert_close(torch.neg(x).cpu(), torch.full((8,), -3.0))
+    x.resize_(1 << 16).fill_(2.0)  # the same storage, new memory
+    torch.testing.assert_close(torch.neg(x)[-4:].cpu(), torch.full((4,), -2.0))
+    x.data = torch.arange(6, dtype=torch.float64, device="flagos")  # another storage and dtype
+    torch.testing.assert_close(torch.neg(x).cpu(), -torch.arange(6, dtype=torch.float64))
+    # A storage made copy-on-write since: written through the kept alias, the clone must not see it.
+    a = torch.arange(4.0, device="flagos")
+    torch.add(a, 1)
+    clone = torch._lazy_clone(a)
+    a.add_(10)
+    torch.testing.assert_close(clone.cpu(), torch.arange(4.0))
+    torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 10)
+    # Tensors freed and made again, their memory and objects reused: each call sees its own values.
+    for i in range(8):
+        t = torch.full((16,), float(i), dtype=torch.float32 if i % 2 else torch.int64, device="flagos")
+        torch.testing.assert_close(torch.neg(t).cpu(), -torch.full((16,), float(i), dtype=t.dtype))
+        del t
+
+
 def test_an_alias_a_kernel_keeps_keeps_its_memory():
     # The native route's aliases view their arguments' memory without holding it (the caller does, for
     # the call). A kernel that keeps an alias (here a Python kernel of a custom op stashing its input)
