@@ -157,14 +157,15 @@ inline c10::DataPtr take_memory(const c10::Storage& s, c10::Device device) {
 //
 // The aliases view their flagos memory without a reference to its storage (runtime::borrow_for_call):
 // the caller's tensor keeps it alive for the call, and AliasScope makes the view an owning one if the
-// alias outlives the call. An alias that comes back is kept in the slot of the flagos tensor it was made
-// for, viewing that tensor's memory as it was: the next call with that tensor (a weight, an optimizer's
-// state, a benchmark's operand) takes it with no store at all once it is shown to be a right alias still:
-// a view of the same memory of the same storage (a storage freed since, or whose memory changed, fails
-// that; a storage made later at the same address with the same memory would get this very alias), with the
-// tensor's dtype; the geometry and view bits are brought up to date as for any reused alias. An alias
-// pushed out of its slot joins the free list with its storage emptied, so a free alias holds no flagos
-// memory, and a kept one is never dereferenced before that check.
+// alias outlives the call. An alias that comes back goes to the slot of the flagos tensor it was made for
+// (by the tensor's address), still viewing that tensor's memory, or to a free list when the slot is taken.
+// The next call with that tensor (a weight, an optimizer's state) takes it with no store at all once it is
+// shown to be a right alias still: a view of the same memory of the same storage (a storage freed since, or
+// whose memory changed, fails that; a storage made later at the same address with the same memory would
+// get this very alias), with the tensor's dtype. A call with another tensor of that slot takes the alias
+// over for its own memory, so in the steady state of a training loop the slots are the only list and
+// nothing is pushed or emptied. Either way the geometry and view bits are brought up to date. A kept or
+// free alias is never read through before it is given memory again, and what it views it does not own.
 class AliasRecycler {
  public:
   static AliasRecycler& local() {
@@ -178,15 +179,29 @@ class AliasRecycler {
     const c10::DeviceType type = native.type;
     const c10::Storage& storage = t.storage();
     const c10::Device device = native_device_for(storage, type);
-    at::Tensor alias = kept_alias_of(t, device, native);
-    if (!alias.defined()) {
-      c10::DataPtr memory = runtime::borrow_for_call(storage, device);
-      if (free_.empty() || type_ != type) {
-        return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(memory),
-                                        native.allocator, /*resizable=*/true),
-                           type, t);
+    Kept& kept = kept_[slot_of(t.unsafeGetTensorImpl())];
+    at::Tensor alias;
+    if (kept.alias.defined()) {
+      alias = std::move(kept.alias);
+      // Kept for t and still a view of t's memory with t's dtype? mutable_data(), as borrow_for_call()
+      // asks it: a storage made copy-on-write since is materialised first, so that the alias never writes
+      // memory another tensor shares.
+      c10::StorageImpl* owner = storage.unsafeGetStorageImpl();
+      const c10::StorageImpl& memory = *alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      if (kept.flagos != t.unsafeGetTensorImpl() || memory.data_ptr().get_context() != owner ||
+          memory.data() != owner->mutable_data() || memory.nbytes() != owner->nbytes() ||
+          memory.device() != device || alias.unsafeGetTensorImpl()->dtype() != t.dtype()) {
+        view_memory(alias, t, device);
       }
-      alias = free_alias_for(t, device, std::move(memory), storage.nbytes());
+    } else if (!free_.empty()) {
+      alias = std::move(free_.back());
+      free_.pop_back();
+      view_memory(alias, t, device);
+    } else {
+      return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                                      runtime::borrow_for_call(storage, device), native.allocator,
+                                      /*resizable=*/true),
+                         type, t);
     }
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     if (same_geometry(*impl, *t.unsafeGetTensorImpl())) {
@@ -202,20 +217,30 @@ class AliasRecycler {
   }
 
   // Takes back an alias made by alias_of for flagos tensor `flagos` on native device `native`, once its
-  // call is over and nothing else references it or its storage: kept in the tensor's slot while it still
-  // views the call's memory, else to the free list.
+  // call is over and nothing else references it or its storage: to the tensor's slot if that is free, else
+  // to the free list (dropped when that is full).
   void put(at::Tensor&& alias, const c10::TensorImpl* flagos, const runtime::NativeDevice& native) {
-    if (!reusable(alias, native)) return;
-    const c10::StorageImpl& storage = *alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (storage.data_ptr().get_deleter() != &runtime::detail::forget_borrowed) {
-      // The kernel gave the alias other memory (an out= argument it grew): not flagos memory to keep.
-      to_free_list(std::move(alias), native);
+    c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return;
+    c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    // alias_of() reuses the storage's allocator, resizability and device type as they are: one a kernel
+    // changed (set_) is not taken back.
+    if (storage->allocator() != native.allocator || !storage->resizable() ||
+        storage->device_type() != native.type) {
       return;
     }
+    if (C10_UNLIKELY(storage->data_ptr().get_deleter() != &runtime::detail::forget_borrowed)) {
+      // The kernel gave the alias memory of its own (an out= argument it grew): not kept alive here.
+      storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+      storage->set_nbytes(0);
+    }
     Kept& kept = kept_[slot_of(flagos)];
-    if (kept.alias.defined()) to_free_list(std::move(kept.alias), native);
-    kept.flagos = flagos;
-    kept.alias = std::move(alias);
+    if (!kept.alias.defined()) {
+      kept.flagos = flagos;
+      kept.alias = std::move(alias);
+    } else if (free_.size() < kCapacity) {
+      free_.push_back(std::move(alias));
+    }
   }
 
  private:
@@ -229,80 +254,26 @@ class AliasRecycler {
     return ((address >> 4) ^ (address >> 12)) & (kSlots - 1);
   }
 
-  // The alias kept for t, if it is still a view of t's memory with t's dtype; undefined otherwise.
-  at::Tensor kept_alias_of(const at::Tensor& t, c10::Device device, const runtime::NativeDevice& native) {
-    Kept& kept = kept_[slot_of(t.unsafeGetTensorImpl())];
-    if (kept.flagos != t.unsafeGetTensorImpl()) return at::Tensor();
-    kept.flagos = nullptr;
-    at::Tensor alias = std::move(kept.alias);
-    c10::StorageImpl* owner = t.storage().unsafeGetStorageImpl();
-    const c10::StorageImpl& memory = *alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    // mutable_data(), as borrow_for_call() asks it: a storage made copy-on-write since is materialised
-    // first, so the alias never writes memory another tensor shares.
-    if (C10_LIKELY(memory.data_ptr().get_context() == owner && memory.data() == owner->mutable_data() &&
-                   memory.nbytes() == owner->nbytes() && memory.device() == device &&
-                   alias.unsafeGetTensorImpl()->dtype() == t.dtype())) {
-      return alias;
-    }
-    to_free_list(std::move(alias), native);  // reusable() when it was kept
-    return at::Tensor();
-  }
-
-  // A free alias for t over `memory`, removed from the list: preferably one with t's dtype and device
-  // already (no storage reassignment, an atomic pair), among the last few put back (a bounded search
-  // however long the list).
-  at::Tensor free_alias_for(const at::Tensor& t, c10::Device device, c10::DataPtr memory, size_t nbytes) {
-    size_t pick = free_.size() - 1;
-    bool same_kind = false;
-    const size_t searched_from = free_.size() > kSearched ? free_.size() - kSearched : 0;
-    for (size_t i = free_.size(); i-- > searched_from;) {
-      const c10::TensorImpl* impl = free_[i].unsafeGetTensorImpl();
-      if (impl->dtype() == t.dtype() && impl->device() == device) {
-        pick = i;
-        same_kind = true;
-        break;
-      }
-    }
-    at::Tensor alias = std::move(free_[pick]);
-    if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
-    free_.pop_back();
+  // Gives a reused alias t's memory (on `device`) and dtype. Its allocator and resizability are right:
+  // put() checked them.
+  static void view_memory(at::Tensor& alias, const at::Tensor& t, c10::Device device) {
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    storage->set_data_ptr_noswap(std::move(memory));  // its allocator and resizability: reusable() checked
-    storage->set_nbytes(nbytes);
-    if (!same_kind) impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());  // device: the data's
-    return alias;
-  }
-
-  // Whether an alias can be reused at all: alias_of() reuses the storage's allocator and resizability as
-  // they are, so one a kernel changed (set_) is not taken back.
-  static bool reusable(const at::Tensor& alias, const runtime::NativeDevice& native) {
-    const c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-    if (!impl->allow_tensor_metadata_change() || impl->is_wrapped_number()) return false;
-    const c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    return storage->allocator() == native.allocator && storage->resizable();
-  }
-
-  // Adds a reusable alias to the free list, its storage emptied; dropped instead when the list is full or
-  // holds aliases of another device type.
-  void to_free_list(at::Tensor&& alias, const runtime::NativeDevice& native) {
-    if (free_.size() == kCapacity) return;
-    if (free_.empty()) type_ = native.type;
-    if (native.type != type_) return;
-    c10::StorageImpl* storage = alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
-    storage->set_nbytes(0);
-    free_.push_back(std::move(alias));
+    const c10::Storage& memory = t.storage();
+    storage->set_data_ptr_noswap(runtime::borrow_for_call(memory, device));
+    storage->set_nbytes(memory.nbytes());
+    // The device follows the data; a TensorImpl with the same dtype and device needs neither set again.
+    if (impl->dtype() != t.dtype() || impl->device() != device) {
+      impl->set_storage_and_dtype(impl->unsafe_storage(), t.dtype());
+    }
   }
 
   // Enough for the lists of an optimizer's foreach call over every parameter of a model (three lists of a
-  // few hundred tensors): a list argument takes one alias per tensor. A free alias is a few hundred bytes.
+  // few hundred tensors): a list argument takes one alias per tensor. An alias is a few hundred bytes.
   static constexpr size_t kCapacity = 2048;
-  static constexpr size_t kSearched = 8;
-  // Slots for kept aliases, by the address of the flagos tensor: a model's weights and an optimizer
-  // step's tensors mostly keep theirs; one pushed out costs what a free alias costs.
+  // Slots by the address of the flagos tensor: a model's weights and an optimizer step's tensors mostly
+  // find theirs again.
   static constexpr size_t kSlots = 256;
-  c10::DeviceType type_ = c10::DeviceType::CPU;
   std::vector<at::Tensor> free_;
   std::array<Kept, kSlots> kept_;
 };
