@@ -8,7 +8,7 @@
 #
 # Parts: test (= suite models entry), suite, models, entry (= entry-native entry-flaggems), bench, multi-gpu, sim,
 # opinfo:
-#   suite      every test file on the cuda accelerator, one pytest process a file, SUITE_WORKERS (6) at a time;
+#   suite      every test file on the cuda accelerator, one pytest process a file, SUITE_WORKERS (8) at a time;
 #              but the files the parts below run; beside them the FlagGems kernel tests (their mm probe in a
 #              process of its own), the model-shape sweep of the shipped FlagGems config, the C++ suites
 #   models     Qwen3 at the 0.6B shape: inference, checkpoints, training, on the native route and on the FlagGems
@@ -53,7 +53,7 @@ mapfile -t parts < <(printf '%s\n' "${parts[@]}" | awk '!seen[$0]++')
 name=$(IFS=-; echo "$*")
 
 GEMS_CONFIG=${GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
-SUITE_WORKERS=${SUITE_WORKERS:-6}
+SUITE_WORKERS=${SUITE_WORKERS:-8}
 GPU_BENCH=${GPU_BENCH:-op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead}
 for bench in $GPU_BENCH; do
   [[ " op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead qwen3_compile compile_time " \
