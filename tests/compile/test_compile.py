@@ -728,8 +728,13 @@ assert device_interface.interface_for("triton") is device_interface.BackedInterf
 assert sorted(adapters) == sorted([
     "inductor.utils.GPU_TYPES", "inductor.utils.get_gpu_type", "inductor.runtime.hints.DeviceProperties.create",
     "inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes", "inductor.compile_fx.cudagraphify",
-    "inductor.output_code.maybe_handle_backward_generation",
+    "inductor.output_code.maybe_handle_backward_generation", "inductor.codecache.AotCodeCompiler.compile",
 ]), adapters
+# AOTInductor: the model of a flagos graph is CUDA's (torch_fl/_compile/aot.py).
+from torch._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
+assert issubclass(classes["CppWrapperCodegen"], CppWrapperGpu)
+assert classes["CppWrapperCodegen"].get_c_shim_func_name("at::mm_out", "flagos") == "aoti_torch_cuda_mm_out"
+assert classes["CppWrapperCodegen"].get_c_shim_func_name("at::mm_out", "cpu") == "aoti_torch_cpu_mm_out"
 # reduce-overhead: one flagos device is no reason to skip graphs; CPU nodes and mixed devices still are.
 from torch._inductor import compile_fx, cudagraph_utils, output_code
 F0, C0 = torch.device("flagos", 0), torch.device("cuda", 0)

@@ -134,24 +134,6 @@ class FastAllocations:
         return line
 
 
-def unsupported_cpp_wrapper(device_type: str, accelerator: str) -> type:
-    """The C++ wrapper (``cpp_wrapper=True``, AOTInductor) flagos does not have on ``accelerator``: a class
-    whose ``create`` raises, so such a compile fails naming the reason instead of generating wrong code."""
-
-    class CppWrapperUnsupported:
-        supports_caching = False  # read by Inductor before it creates the wrapper
-
-        @staticmethod
-        def create(*args, **kwargs):
-            raise NotImplementedError(
-                f"torch.compile with cpp_wrapper=True (and AOTInductor) is not supported for the "
-                f"'{device_type}' device on {accelerator}; the default Python wrapper is "
-                f"(torch._inductor.config.cpp_wrapper = False)"
-            )
-
-    return CppWrapperUnsupported
-
-
 def register_backend(device_type: str, scheduling, wrapper, cpp_wrapper, fx_wrapper=None) -> None:
     """``register_backend_for_device``, passing the FX wrapper only to a torch whose signature has it."""
     import inspect

@@ -140,6 +140,54 @@ def report_as_cuda_to_triton(device_type: str) -> list[str]:
     return ["inductor.runtime.hints.DeviceProperties.create"]
 
 
+def build_aot_as(device_type: str, native: str) -> list[str]:
+    """AOTInductor builds a ``device_type`` model as a ``native`` one, and keeps ``device_type`` as its key.
+
+    ``AotCodeCompiler.compile`` takes the graph's device type for the compiler and linker flags (``USE_CUDA``,
+    CUDA's headers and libraries), the precompiled header (``aoti_include/<type>.h``) and the package's
+    ``AOTI_DEVICE_KEY``, which picks the runner at load time. The model a flagos graph generates is the native
+    device's (``aot.py``), so it is built with ``native``'s flags; the key written into the package's metadata
+    files (and into ``config.aot_inductor.metadata``, which the build fills in) is ``device_type``, the name
+    torch_fl's runner is registered under.
+    """
+    import json
+    import pathlib
+
+    from torch._inductor import codecache, config
+
+    compiler = getattr(codecache, "AotCodeCompiler", None)
+    original = getattr(compiler, "compile", None)
+    if original is None:
+        return []
+    if getattr(original, "_flagos_device_type", None) == device_type:
+        return ["inductor.codecache.AotCodeCompiler.compile"]
+    build = original.__func__
+    flagos_type = device_type  # the name ``compile`` below takes for its own argument
+
+    def rekey(paths) -> None:
+        for path in paths:
+            path = pathlib.Path(path)
+            metadata = json.loads(path.read_text())
+            if metadata.get("AOTI_DEVICE_KEY") == native:
+                metadata["AOTI_DEVICE_KEY"] = flagos_type
+                path.write_text(json.dumps(metadata))
+
+    def compile(cls, graph, *args, device_type: str, **kwargs):  # noqa: A001 - torch's name
+        if device_type != flagos_type:
+            return build(cls, graph, *args, device_type=device_type, **kwargs)
+        result = build(cls, graph, *args, device_type=native, **kwargs)
+        if isinstance(result, (list, tuple)):  # a package's files
+            rekey(p for p in result if isinstance(p, str) and p.endswith("_metadata.json"))
+        else:  # the model's .so, its metadata beside it
+            rekey(pathlib.Path(result).parent.glob("*_metadata.json"))
+        config.aot_inductor.metadata["AOTI_DEVICE_KEY"] = flagos_type
+        return result
+
+    compile._flagos_device_type = device_type  # type: ignore[attr-defined]
+    compiler.compile = classmethod(compile)  # type: ignore[method-assign, assignment]
+    return ["inductor.codecache.AotCodeCompiler.compile"]
+
+
 def replay_graphs_as_cuda(device_type: str) -> list[str]:
     """``mode="reduce-overhead"`` (``config.triton.cudagraphs``) replays graphs for ``device_type`` graphs, as
     Inductor replays CUDA graphs for cuda graphs (on either accelerator: the graphs are ``torch.flagos``'s).

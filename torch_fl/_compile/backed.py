@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from torch._inductor import config
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
+from torch._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 from torch._inductor.codegen.cuda_combined_scheduling import CUDACombinedScheduling
 from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
@@ -28,10 +29,10 @@ from torch_fl._compile import (
     FastAllocations,
     register_backend,
     register_graph_replay,
-    unsupported_cpp_wrapper,
     warn_if_cudagraphs_requested,
 )
-from torch_fl._compile.adapters import register_gpu_type, report_as_cuda_to_triton
+from torch_fl._compile.adapters import build_aot_as, register_gpu_type, report_as_cuda_to_triton
+from torch_fl._compile.aot import aot_wrapper
 
 try:  # Halide scheduling: where this torch has it (config.cuda_backend = "halide")
     from torch._inductor.codegen.halide import HalideScheduling
@@ -89,12 +90,13 @@ def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     and the adapters installed."""
     adapters = register_gpu_type(device_type) + report_as_cuda_to_triton(device_type)
     adapters += register_graph_replay(device_type)  # mode="reduce-overhead": graph_replay.py
+    adapters += build_aot_as(device_type, "cuda")  # AOTInductor: aot.py
     # CUDA's own overrides object: flagos's device, stream and synchronisation are CUDA's when backed.
     register_device_op_overrides(device_type, get_device_op_overrides("cuda"))
     classes = {
         "Scheduling": BackedScheduling,
         "PythonWrapperCodegen": BackedWrapperCodegen,
-        "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "CUDA"),
+        "CppWrapperCodegen": aot_wrapper(CppWrapperGpu, "cuda", "CUDA"),
         "WrapperFxCodegen": WrapperFxCodegen,
     }
     register_backend(

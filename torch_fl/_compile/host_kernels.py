@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from torch._inductor.codegen.common import get_device_op_overrides, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
@@ -33,10 +34,10 @@ from torch_fl._compile import (
     FastAllocations,
     register_backend,
     register_graph_replay,
-    unsupported_cpp_wrapper,
     warn_if_cudagraphs_requested,
 )
-from torch_fl._compile.adapters import classify_as_cpu
+from torch_fl._compile.adapters import build_aot_as, classify_as_cpu
+from torch_fl._compile.aot import aot_wrapper
 
 # The name generated code calls its C++ kernels through (imported in the module's header).
 _RUN = "flagos_run_host_kernel"
@@ -106,13 +107,14 @@ def register(device_type: str) -> tuple[dict[str, object], list[str]]:
     """Registers the C++-kernel backend for ``device_type``; returns the classes published on torch.flagos
     and the adapters installed."""
     adapters = classify_as_cpu(device_type) + register_graph_replay(device_type)
+    adapters += build_aot_as(device_type, "cpu")  # AOTInductor: aot.py
     # torch's own overrides first: older versions fill the table once, when it is empty.
     get_device_op_overrides("cpu")
     register_device_op_overrides(device_type, HostKernelOpOverrides())
     classes = {
         "Scheduling": CppScheduling,
         "PythonWrapperCodegen": HostKernelWrapperCodegen,
-        "CppWrapperCodegen": unsupported_cpp_wrapper(device_type, "the simulated accelerator"),
+        "CppWrapperCodegen": aot_wrapper(CppWrapperCpu, "cpu", "the simulated accelerator"),
         "WrapperFxCodegen": None,
     }
     register_backend(device_type, CppScheduling, HostKernelWrapperCodegen, classes["CppWrapperCodegen"])

@@ -1,0 +1,99 @@
+"""AOTInductor on flagos: ``torch.export`` + ``aoti_compile_and_package`` + ``aoti_load_package`` of a flagos
+program, run on flagos tensors and compared with the same module on the native device (the CPU on the
+simulated accelerator, cuda when flagos is backed by CUDA). One package is compiled per module (about 15 s)
+and shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import torch_fl
+
+DEVICE = "flagos"
+NATIVE = "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
+
+
+class Model(torch.nn.Module):
+    """Generated kernels (matmul epilogue, softmax), c-shim ops (addmm, index_select, sort) and a buffer
+    returned as it is (the model's own memory, which the runner copies into flagos memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 16)
+        self.weight = torch.nn.Parameter(torch.randn(16, 4))
+        self.register_buffer("offsets", torch.arange(4.0))
+
+    def forward(self, x, index):
+        hidden = torch.relu(self.linear(x))
+        logits = hidden @ self.weight + self.offsets
+        values, order = torch.sort(logits, dim=-1)
+        return logits.softmax(-1), torch.index_select(hidden, 0, index), values, order, self.offsets
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Model().to(DEVICE).eval()
+    x, index = torch.randn(5, 8, device=DEVICE), torch.tensor([0, 3], device=DEVICE)
+    program = torch.export.export(model, (x, index), dynamic_shapes=({0: Dim("rows", min=2)}, None))
+    path = torch._inductor.aoti_compile_and_package(
+        program, package_path=str(tmp_path_factory.mktemp("aoti") / "m.pt2")
+    )
+    return model, path
+
+
+def _check(model, outputs, x, index, device):
+    reference = model.to(NATIVE)(x.to(NATIVE), index.to(NATIVE))
+    model.to(DEVICE)
+    assert len(outputs) == len(reference)
+    for got, want in zip(outputs, reference, strict=True):
+        assert got.device == torch.device(device)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-4)
+
+
+def test_package_runs_on_flagos_tensors(package):
+    model, path = package
+    loaded = torch._inductor.aoti_load_package(path)
+    assert loaded.get_metadata()["AOTI_DEVICE_KEY"] == DEVICE
+    index = torch.tensor([1, 2], device=DEVICE)  # the exported shape: its size is static
+    for rows in (5, 9):  # the exported batch, and another through the dynamic dimension
+        x = torch.randn(rows, 8, device=DEVICE)
+        _check(model, loaded(x, index), x, index, f"{DEVICE}:0")
+
+
+def test_inputs_written_just_before_the_call_are_read(package):
+    # The input's values arrive by a copy still queued on the device's stream when the model is called: the
+    # runner orders the model after it (on the simulated accelerator, streams run on worker threads).
+    model, path = package
+    loaded = torch._inductor.aoti_load_package(path)
+    source = torch.randn(4096, 8).pin_memory()
+    x = torch.zeros(4096, 8, device=DEVICE)
+    x.copy_(source, non_blocking=True)
+    index = torch.tensor([4095, 7], device=DEVICE)
+    _check(model, loaded(x, index), source.to(DEVICE), index, f"{DEVICE}:0")
+
+
+@pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
+def test_package_loaded_for_another_device(package):
+    model, path = package
+    loaded = torch._inductor.aoti_load_package(path, device_index=1)
+    x, index = torch.randn(3, 8, device=f"{DEVICE}:1"), torch.tensor([2, 0], device=f"{DEVICE}:1")
+    _check(model.to(f"{DEVICE}:1"), loaded(x, index), x, index, f"{DEVICE}:1")
+    with pytest.raises(RuntimeError, match=r"input 0 of the AOTInductor model is on flagos:0.*flagos:1"):
+        loaded(torch.randn(3, 8, device=f"{DEVICE}:0"), index.to(f"{DEVICE}:0"))
+
+
+@pytest.mark.skipif(
+    torch_fl.accelerator() == "cuda", reason="backed by CUDA a package may return CPU tensors"
+)
+def test_cpu_outputs_are_refused_at_compile_time_on_a_hal_accelerator():
+    class ToCpu(torch.nn.Module):
+        def forward(self, x):
+            return (x * 2).cpu()
+
+    program = torch.export.export(ToCpu(), (torch.ones(2, device=DEVICE),))
+    with pytest.raises(Exception, match="output 0 of the graph is a CPU tensor"):
+        torch._inductor.aoti_compile_and_package(program)
