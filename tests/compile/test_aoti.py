@@ -10,9 +10,12 @@ import torch
 from torch.export import Dim
 
 import torch_fl
+from torch_fl._compile.aot import MIN_TORCH
 
 DEVICE = "flagos"
 NATIVE = "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
+SUPPORTED = torch.__version__ >= MIN_TORCH
+needs_support = pytest.mark.skipif(not SUPPORTED, reason=f"AOTInductor on flagos needs torch {MIN_TORCH}")
 
 
 class Model(torch.nn.Module):
@@ -30,6 +33,15 @@ class Model(torch.nn.Module):
         logits = hidden @ self.weight + self.offsets
         values, order = torch.sort(logits, dim=-1)
         return logits.softmax(-1), torch.index_select(hidden, 0, index), values, order, self.offsets
+
+
+@pytest.mark.skipif(SUPPORTED, reason=f"torch {MIN_TORCH} or newer compiles the package")
+def test_an_older_torch_refuses_at_compile_time():
+    program = torch.export.export(
+        Model().to(DEVICE), (torch.randn(2, 8, device=DEVICE), torch.tensor([0], device=DEVICE))
+    )
+    with pytest.raises(Exception, match=f"needs torch {MIN_TORCH} or newer"):
+        torch._inductor.aoti_compile_and_package(program)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +66,7 @@ def _check(model, outputs, x, index, device):
         torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-4)
 
 
+@needs_support
 def test_package_runs_on_flagos_tensors(package):
     model, path = package
     loaded = torch._inductor.aoti_load_package(path)
@@ -64,6 +77,7 @@ def test_package_runs_on_flagos_tensors(package):
         _check(model, loaded(x, index), x, index, f"{DEVICE}:0")
 
 
+@needs_support
 def test_inputs_written_just_before_the_call_are_read(package):
     # The input's values arrive by a copy still queued on the device's stream when the model is called: the
     # runner orders the model after it (on the simulated accelerator, streams run on worker threads).
@@ -76,6 +90,7 @@ def test_inputs_written_just_before_the_call_are_read(package):
     _check(model, loaded(x, index), source.to(DEVICE), index, f"{DEVICE}:0")
 
 
+@needs_support
 @pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
 def test_package_loaded_for_another_device(package):
     model, path = package
@@ -89,6 +104,7 @@ def test_package_loaded_for_another_device(package):
 @pytest.mark.skipif(
     torch_fl.accelerator() == "cuda", reason="backed by CUDA a package may return CPU tensors"
 )
+@needs_support
 def test_cpu_outputs_are_refused_at_compile_time_on_a_hal_accelerator():
     class ToCpu(torch.nn.Module):
         def forward(self, x):
