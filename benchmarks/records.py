@@ -103,7 +103,8 @@ def check(record: dict) -> dict:
 
 
 def git_commit(cwd: Path = REPO) -> str:
-    """Short hash of HEAD, "+dirty" when tracked files have uncommitted changes; "unknown" without git."""
+    """Short hash of HEAD, "+dirty" when tracked files have uncommitted changes; "unknown" without git. The
+    records themselves do not count: a run of several benchmarks appends to them as it goes."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -112,7 +113,9 @@ def git_commit(cwd: Path = REPO) -> str:
 
     try:
         commit = git("rev-parse", "--short", "HEAD").strip()
-        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+        dirty = git(
+            "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/records"
+        ).strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
