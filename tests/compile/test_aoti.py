@@ -113,3 +113,28 @@ def test_cpu_outputs_are_refused_at_compile_time_on_a_hal_accelerator():
     program = torch.export.export(ToCpu(), (torch.ones(2, device=DEVICE),))
     with pytest.raises(Exception, match="output 0 of the graph is a CPU tensor"):
         torch._inductor.aoti_compile_and_package(program)
+
+
+@needs_support
+def test_constants_loaded_as_native_device_tensors(tmp_path):
+    # A package without its weights: load_constants hands them to the model, whose runtime takes tensors of
+    # its own device type (docs/compile.md): cuda views of the flagos weights when backed, CPU copies on the
+    # simulated accelerator.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to(DEVICE)
+    x = torch.randn(3, 8, device=DEVICE)
+    path = torch._inductor.aoti_compile_and_package(
+        torch.export.export(model, (x,)),
+        package_path=str(tmp_path / "weightless.pt2"),
+        inductor_configs={"aot_inductor.package_constants_in_so": False},
+    )
+    loaded = torch._inductor.aoti_load_package(path)
+    weights = {name: p.detach() for name, p in model.named_parameters() if name in loaded.get_constant_fqns()}
+    assert weights
+    with pytest.raises(RuntimeError):  # flagos tensors themselves are refused by the model's runtime
+        loaded.load_constants(weights, check_full_update=False)
+    native = {name: torch_fl.as_cuda(w) if NATIVE == "cuda" else w.cpu() for name, w in weights.items()}
+    loaded.load_constants(native, check_full_update=False)
+    out = loaded(x)  # one output: the tensor itself
+    assert out.device == torch.device(f"{DEVICE}:0")
+    torch.testing.assert_close(out.cpu(), model.to(NATIVE)(x.to(NATIVE)).cpu(), atol=1e-5, rtol=1e-4)

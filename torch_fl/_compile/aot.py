@@ -22,9 +22,9 @@ from torch._inductor.virtualized import V
 
 from torch_fl._compile import DEVICE_TYPE
 
-# The oldest torch whose AOTInductor packages flagos runs: with torch 2.11, on the GPU machine this was tried
-# on, a package's model crashed while it was created (inside the AOTInductor runtime's parse_device_str, in
-# std::regex), for the simulated accelerator and for CUDA alike; docs/compile.md says more.
+# The oldest torch AOTInductor on flagos has run on. With torch 2.11, on the one machine it was tried on, a
+# package's model crashed while it was created (in std::regex, inside the AOTInductor runtime's
+# parse_device_str), torch's own CPU runner too; docs/compile.md says what is known.
 MIN_TORCH = "2.13"
 
 
