@@ -117,6 +117,8 @@ std::unique_ptr<torch::inductor::AOTIModelContainerRunner> make_flagos_runner(
   const c10::DeviceIndex index = device.has_index() ? device.index() : runtime::current_device();
   std::string backing = c10::DeviceTypeName(native.type, /*lower_case=*/true);
   if (!native.host_kernels) backing += ":" + std::to_string(index);
+  // A CUDA model makes its device current when it is created; loading leaves the current device as it was.
+  const c10::DeviceGuard guard(c10::Device(kFlagosType, index));
   return std::make_unique<FlagosModelRunner>(so_path, num_models, backing, index, cubin_dir,
                                              run_single_threaded);
 }

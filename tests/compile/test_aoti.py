@@ -94,11 +94,15 @@ def test_inputs_written_just_before_the_call_are_read(package):
 @pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
 def test_package_loaded_for_another_device(package):
     model, path = package
+    current = torch.flagos.current_device()
     loaded = torch._inductor.aoti_load_package(path, device_index=1)
+    assert torch.flagos.current_device() == current  # loading leaves the current device alone
     x, index = torch.randn(3, 8, device=f"{DEVICE}:1"), torch.tensor([2, 0], device=f"{DEVICE}:1")
     _check(model.to(f"{DEVICE}:1"), loaded(x, index), x, index, f"{DEVICE}:1")
     with pytest.raises(RuntimeError, match=r"input 0 of the AOTInductor model is on flagos:0.*flagos:1"):
         loaded(torch.randn(3, 8, device=f"{DEVICE}:0"), index.to(f"{DEVICE}:0"))
+    with pytest.raises(IndexError, match="invalid flagos device index"):
+        torch._inductor.aoti_load_package(path, device_index=torch.flagos.device_count())
 
 
 @pytest.mark.skipif(
