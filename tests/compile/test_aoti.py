@@ -142,3 +142,18 @@ def test_constants_loaded_as_native_device_tensors(tmp_path):
     out = loaded(x)  # one output: the tensor itself
     assert out.device == torch.device(f"{DEVICE}:0")
     torch.testing.assert_close(out.cpu(), model.to(NATIVE)(x.to(NATIVE)).cpu(), atol=1e-5, rtol=1e-4)
+
+
+@needs_support
+@pytest.mark.skipif(torch_fl.accelerator() == "cuda", reason="a HAL accelerator's host kernels")
+def test_capture_is_refused_on_a_hal_accelerator(package):
+    # The model's C++ kernels run on the calling thread: a graph could not replay them, so capturing a call
+    # is an error, and the model runs as before once the capture is over.
+    model, path = package
+    loaded = torch._inductor.aoti_load_package(path)
+    x, index = torch.randn(3, 8, device=DEVICE), torch.tensor([0, 1], device=DEVICE)
+    with torch.flagos.stream(torch.flagos.Stream()):
+        with pytest.raises(RuntimeError, match="cannot be captured into a flagos graph"):
+            with torch.flagos.graph(torch.flagos.FlagosGraph()):
+                loaded(x, index)
+    _check(model, loaded(x, index), x, index, f"{DEVICE}:0")
