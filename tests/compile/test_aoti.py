@@ -77,17 +77,37 @@ def test_package_runs_on_flagos_tensors(package):
         _check(model, loaded(x, index), x, index, f"{DEVICE}:0")
 
 
+# With every stream task of the simulated accelerator delayed, the copy into the model's input is still
+# queued when the model is called.
+_STREAM_ORDER_SCRIPT = """
+import json, os, torch, torch_fl
+loaded = torch._inductor.aoti_load_package(os.environ["AOTI_PACKAGE"])
+source = torch.randn(64, 8).pin_memory()
+x = torch.zeros(64, 8, device="flagos")
+index = torch.tensor([63, 7], device="flagos")  # made first: a copy from pageable memory waits for the stream
+torch.flagos.synchronize()
+x.copy_(source, non_blocking=True)
+pending = not torch.flagos.current_stream().query()
+outputs = loaded(x, index)
+print("RESULT " + json.dumps({"pending": pending, "source": source.tolist(),
+                              "outputs": [o.cpu().tolist() for o in outputs]}))
+"""
+
+
 @needs_support
-def test_inputs_written_just_before_the_call_are_read(package):
-    # The input's values arrive by a copy still queued on the device's stream when the model is called: the
-    # runner orders the model after it (on the simulated accelerator, streams run on worker threads).
+@pytest.mark.skipif(torch_fl.accelerator() != "sim", reason="the simulated accelerator's stream delay")
+def test_the_model_waits_for_work_queued_on_its_inputs(package, run_python):
+    """The runner orders a package's C++ kernels after the work queued on the device's stream: an input
+    whose values are still being copied in when the model is called is read once the copy has landed."""
     model, path = package
-    loaded = torch._inductor.aoti_load_package(path)
-    source = torch.randn(4096, 8).pin_memory()
-    x = torch.zeros(4096, 8, device=DEVICE)
-    x.copy_(source, non_blocking=True)
-    index = torch.tensor([4095, 7], device=DEVICE)
-    _check(model, loaded(x, index), source.to(DEVICE), index, f"{DEVICE}:0")
+    env = {"FLAGOS_ACCELERATOR": "sim", "FLAGOS_SIM_STREAM_DELAY_US": "200000", "AOTI_PACKAGE": path}
+    out = run_python(_STREAM_ORDER_SCRIPT, env=env, timeout=240).check().json()
+    assert out["pending"], "the copy was not pending when the model was called: the test proves nothing"
+    x, index = torch.tensor(out["source"]), torch.tensor([63, 7])
+    reference = model.to("cpu")(x, index)
+    model.to(DEVICE)
+    for got, want in zip(out["outputs"], reference, strict=True):
+        torch.testing.assert_close(torch.tensor(got, dtype=want.dtype), want, atol=1e-5, rtol=1e-4)
 
 
 @needs_support
