@@ -21,6 +21,11 @@ gpu_site() {
   if [ -d "$GPU_SITE" ] && [[ ":${PYTHONPATH:-}:" != *":$GPU_SITE:"* ]]; then
     export PYTHONPATH=$GPU_SITE${PYTHONPATH:+:$PYTHONPATH}
   fi
+  # Inductor compiles AOTInductor models with $CXX. The lent machine's CXX, /opt/gcc/bin/g++, builds models
+  # that crash when created (torch's own cpu and cuda packages as well); its system g++ builds working ones.
+  if [ "${CXX:-}" = /opt/gcc/bin/g++ ] && [ -x /usr/bin/g++ ]; then
+    export CXX=/usr/bin/g++
+  fi
   return 0
 }
 

@@ -10,12 +10,9 @@ import torch
 from torch.export import Dim
 
 import torch_fl
-from torch_fl._compile.aot import MIN_TORCH
 
 DEVICE = "flagos"
 NATIVE = "cuda" if torch_fl.accelerator() == "cuda" else "cpu"
-SUPPORTED = torch.__version__ >= MIN_TORCH
-needs_support = pytest.mark.skipif(not SUPPORTED, reason=f"AOTInductor on flagos needs torch {MIN_TORCH}")
 
 
 class Model(torch.nn.Module):
@@ -33,15 +30,6 @@ class Model(torch.nn.Module):
         logits = hidden @ self.weight + self.offsets
         values, order = torch.sort(logits, dim=-1)
         return logits.softmax(-1), torch.index_select(hidden, 0, index), values, order, self.offsets
-
-
-@pytest.mark.skipif(SUPPORTED, reason=f"torch {MIN_TORCH} or newer compiles the package")
-def test_an_older_torch_refuses_at_compile_time():
-    program = torch.export.export(
-        Model().to(DEVICE), (torch.randn(2, 8, device=DEVICE), torch.tensor([0], device=DEVICE))
-    )
-    with pytest.raises(Exception, match=f"needs torch {MIN_TORCH} or newer"):
-        torch._inductor.aoti_compile_and_package(program)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +54,6 @@ def _check(model, outputs, x, index, device):
         torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-4)
 
 
-@needs_support
 def test_package_runs_on_flagos_tensors(package):
     model, path = package
     loaded = torch._inductor.aoti_load_package(path)
@@ -94,7 +81,6 @@ print("RESULT " + json.dumps({"pending": pending, "source": source.tolist(),
 """
 
 
-@needs_support
 @pytest.mark.skipif(torch_fl.accelerator() != "sim", reason="the simulated accelerator's stream delay")
 def test_the_model_waits_for_work_queued_on_its_inputs(package, run_python):
     """The runner orders a package's C++ kernels after the work queued on the device's stream: an input
@@ -110,7 +96,6 @@ def test_the_model_waits_for_work_queued_on_its_inputs(package, run_python):
         torch.testing.assert_close(torch.tensor(got, dtype=want.dtype), want, atol=1e-5, rtol=1e-4)
 
 
-@needs_support
 @pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
 def test_package_loaded_for_another_device(package):
     model, path = package
@@ -128,7 +113,6 @@ def test_package_loaded_for_another_device(package):
 @pytest.mark.skipif(
     torch_fl.accelerator() == "cuda", reason="backed by CUDA a package may return CPU tensors"
 )
-@needs_support
 def test_cpu_outputs_are_refused_at_compile_time_on_a_hal_accelerator():
     class ToCpu(torch.nn.Module):
         def forward(self, x):
@@ -139,7 +123,6 @@ def test_cpu_outputs_are_refused_at_compile_time_on_a_hal_accelerator():
         torch._inductor.aoti_compile_and_package(program)
 
 
-@needs_support
 def test_constants_loaded_as_native_device_tensors(tmp_path):
     # A package without its weights: load_constants hands them to the model, whose runtime takes tensors of
     # its own device type (docs/compile.md): cuda views of the flagos weights when backed, CPU copies on the
@@ -164,7 +147,6 @@ def test_constants_loaded_as_native_device_tensors(tmp_path):
     torch.testing.assert_close(out.cpu(), model.to(NATIVE)(x.to(NATIVE)).cpu(), atol=1e-5, rtol=1e-4)
 
 
-@needs_support
 @pytest.mark.skipif(torch_fl.accelerator() == "cuda", reason="a HAL accelerator's host kernels")
 def test_capture_is_refused_on_a_hal_accelerator(package):
     # The model's C++ kernels run on the calling thread: a graph could not replay them, so capturing a call

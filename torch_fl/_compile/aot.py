@@ -22,11 +22,6 @@ from torch._inductor.virtualized import V
 
 from torch_fl._compile import DEVICE_TYPE
 
-# The oldest torch AOTInductor on flagos has run on. With torch 2.11, on the one machine it was tried on, a
-# package's model crashed while it was created (in std::regex, inside the AOTInductor runtime's
-# parse_device_str), torch's own CPU runner too; docs/compile.md says what is known.
-MIN_TORCH = "2.13"
-
 
 def _unsupported_jit(accelerator: str) -> NotImplementedError:
     return NotImplementedError(
@@ -58,11 +53,6 @@ def aot_wrapper(base: type, native: str, accelerator: str) -> type:
         def create(is_subgraph, *args, **kwargs):
             if not V.graph.aot_mode:
                 raise _unsupported_jit(accelerator)
-            if torch.__version__ < MIN_TORCH:
-                raise NotImplementedError(
-                    f"AOTInductor on '{DEVICE_TYPE}' needs torch {MIN_TORCH} or newer (this is "
-                    f"{torch.__version__}); torch.compile's default Python wrapper works on this torch"
-                )
             if native == "cpu":
                 _check_outputs_on_flagos()
             return AotWrapper()
