@@ -17,7 +17,8 @@ accelerator's flagos memory is.
   step time: the host's queuing time (the step until its loss is read back); near the step time, the step
   is bound by the host, not the device. Each launch's figures print as it ends. ``--host-diff N`` profiles
   two more steps of each launch on rank 0 (host activity) and lists the N events whose self host time per
-  step is most above the reference's: where a host-bound flagos step's extra time goes.
+  step is most above the reference's: where a host-bound flagos step's extra time goes; then those whose
+  calls per step differ most, and on a CUDA GPU the kernels and copies each side runs (count, device time).
   ``--side-by-side`` launches both devices' runs at the same time, on the same devices and CPUs; after
   ``--warmup`` their steps take turns in blocks of 5 (flagos, the reference, the reference, flagos, ...:
   ``harness.processes.Turns``), so that one runs at a time and a drift of the machine hits both alike, and
@@ -84,8 +85,9 @@ def parse_args(argv=None):
         type=int,
         default=0,
         metavar="N",
-        help="train: profile 2 more steps of each launch (host activity, rank 0) and list the N events whose "
-        "self host time per step flagos exceeds the reference's most",
+        help="train: profile 2 more steps of each launch (rank 0) and list the N events whose self host time "
+        "per step flagos exceeds the reference's most, those whose calls differ most, and on a CUDA GPU the "
+        "kernels whose counts differ most",
     )
     p.add_argument(
         "--side-by-side",
@@ -242,6 +244,29 @@ def print_host_diff(strategy: str, flagos: dict, reference: dict, n: int) -> Non
         f"profiled events {f_total:.1f} ms and {r_total:.1f} ms"
     )
     host_time_diff.print_table(rows, n, prefix="#   ")
+    by_calls = sorted(rows, key=lambda r: (-abs(r[3] - r[2]), r[1]))
+    print(f"# {strategy}: the host events whose calls per step differ most")
+    host_time_diff.print_table([r for r in by_calls if r[3] != r[2]], n, prefix="#   ")
+    f_device, r_device = flagos.get("device_events") or {}, reference.get("device_events") or {}
+    if bool(f_device) != bool(r_device):
+        print(
+            f"# {strategy}: device work recorded on {'flagos' if f_device else 'the reference'} only: not compared"
+        )
+    elif f_device:
+        rows = host_time_diff.diff_rows(r_device, f_device, per=steps)
+        r_total, f_total = host_time_diff.totals_ms(rows)
+        calls = sum(r[2] for r in rows), sum(r[3] for r in rows)
+        print(
+            f"# {strategy}: device work per step: {calls[1]:.0f} kernels and copies on flagos, {calls[0]:.0f} on "
+            f"the reference; their device time {f_total:.1f} ms and {r_total:.1f} ms"
+        )
+        host_time_diff.print_table(
+            sorted(rows, key=lambda r: (-abs(r[3] - r[2]), -abs(r[0]), r[1])),
+            n,
+            prefix="#   ",
+            label="kernel",
+            clock="device",
+        )
 
 
 def gpu_numa_node(index: int) -> int:

@@ -23,13 +23,14 @@ def totals_ms(rows: list[Row]) -> tuple[float, float]:
     return sum(r[4] for r in rows) / 1e3, sum(r[5] for r in rows) / 1e3
 
 
-def print_table(rows: list[Row], n: int, prefix: str, label: str = "event") -> None:
-    """The first ``n`` rows: calls and host ms on both sides and their difference, each line after
-    ``prefix``."""
+def print_table(rows: list[Row], n: int, prefix: str, label: str = "event", clock: str = "host") -> None:
+    """The first ``n`` rows: calls and ``clock`` (host or device) ms on both sides and their difference,
+    each line after ``prefix``."""
     top = rows[:n]
     width = max((len(r[1]) for r in top), default=len(label))
     print(
-        f"{prefix}{label:{width}}{'calls':>9}{'calls fl':>10}{'host ms':>10}{'host ms fl':>12}{'diff ms':>10}"
+        f"{prefix}{label:{width}}{'calls':>9}{'calls fl':>10}{clock + ' ms':>10}{clock + ' ms fl':>12}"
+        f"{'diff ms':>10}"
     )
     for diff, name, rc, fc, rt, ft in top:
         print(f"{prefix}{name:{width}}{rc:9.0f}{fc:10.0f}{rt / 1e3:10.2f}{ft / 1e3:12.2f}{diff / 1e3:10.2f}")

@@ -142,9 +142,10 @@ def describe(device: torch.device) -> str:
 
 
 def profile_host(args, rank: int, train_step) -> dict | None:
-    """``--profile-steps`` more steps, on rank 0 under the profiler (host activity only; the other ranks
-    run them unprofiled): each event name's [calls, self host microseconds] over those steps, and the
-    steps' wall time."""
+    """``--profile-steps`` more steps, on rank 0 under the profiler (the other ranks run them unprofiled):
+    each host event name's [calls, self host microseconds] over those steps, the steps' wall time, and on
+    a CUDA GPU (cuda, or flagos backed by it) each kernel's and copy's [calls, device microseconds]; the
+    host events then include the CUDA runtime calls (cudaLaunchKernel, cudaMemcpyAsync, ...)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -154,18 +155,30 @@ def profile_host(args, rank: int, train_step) -> dict | None:
             train_step(step)
         return None
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    on_cuda = args.device != "cpu" and torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
         for step in steps:
             train_step(step)
     wall = time.perf_counter() - start
     events: dict[str, list[float]] = {}
+    device_events: dict[str, list[float]] = {}
     for event in prof.events():
-        if event.device_type != DeviceType.CPU:
+        if event.device_type == DeviceType.CPU:
+            row = events.setdefault(event.name, [0, 0.0])
+            row[1] += event.self_cpu_time_total
+        elif event.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1):
+            row = device_events.setdefault(event.name, [0, 0.0])
+            row[1] += event.time_range.elapsed_us()
+        else:
             continue
-        row = events.setdefault(event.name, [0, 0.0])
         row[0] += 1
-        row[1] += event.self_cpu_time_total
-    return {"steps": args.profile_steps, "wall_seconds": wall, "events": events}
+    return {
+        "steps": args.profile_steps,
+        "wall_seconds": wall,
+        "events": events,
+        "device_events": device_events,
+    }
 
 
 def main() -> None:

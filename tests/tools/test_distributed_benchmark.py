@@ -78,6 +78,14 @@ def test_training_matches_the_cpu_reference(flagos_distributed, tmp_path):
         ]
         diffs = [float(line.split()[-1]) for line in lines[1:]]
         assert len(diffs) == 4 and diffs == sorted(diffs, reverse=True), lines
+        # Then the events whose calls per step differ (on sim, the native CPU op each flagos op runs is an
+        # event too), the largest difference first; no device table without a CUDA GPU.
+        head = proc.stdout.index(f"# {strategy}: the host events whose calls per step differ most", head)
+        lines = proc.stdout[head:].splitlines()[2:6]
+        calls = [(float(line.split()[-5]), float(line.split()[-4])) for line in lines]
+        gaps = [abs(fl - ref) for ref, fl in calls]
+        assert len(gaps) == 4 and all(gaps) and gaps == sorted(gaps, reverse=True), lines
+    assert "device work" not in proc.stdout
 
 
 def test_collectives_bandwidth_against_gloo(flagos_distributed, tmp_path):
