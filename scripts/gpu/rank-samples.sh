@@ -16,6 +16,8 @@
 # (reports, logs) in $OUT/rank-samples.tgz; the summary on stdout. About 3 minutes.
 # RANK_SAMPLES_PYTHON=1: also by Python function, time spent inside it (callees included): the ranks run with
 # Python's perf trampolines (PYTHONPERFSUPPORT=1, Python >= 3.12) and perf records call chains (frame pointers).
+# A sample counts for a Python function only where its chain unwinds that far: libraries built without frame
+# pointers (torch's, the CUDA driver) cut chains, so these figures are lower bounds, for comparing the devices.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 strategy=${1:-ddp}
@@ -103,7 +105,8 @@ if python_frames:  # inclusive: a function's samples with its callees', from per
         return rows
     f, c = inclusive("flagos"), inclusive("cuda")
     diff = {k: ms("flagos", f.get(k, 0)) - ms("cuda", c.get(k, 0)) for k in set(f) | set(c)}
-    print("\nCPU ms per step and rank inside each Python function (callees included), largest differences first")
+    print("\nCPU ms per step and rank inside each Python function (callees included, where the call chain "
+          "unwinds to it: lower bounds), largest differences first")
     for k in sorted(diff, key=lambda k: -abs(diff[k]))[:30]:
         print(f"{ms('flagos', f.get(k, 0)):7.2f} {ms('cuda', c.get(k, 0)):7.2f} {diff[k]:+7.2f}  {k[:110]}")
 PY
