@@ -107,7 +107,7 @@ class AliasScope {
     if (placed) note_device(device);
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
-    if (const AliasedTensor* shared = aliases_.of_flagos_storage(t.storage().unsafeGetStorageImpl())) {
+    if (const AliasedTensor* shared = aliases_.of_flagos_storage(storage_of(t).unsafeGetStorageImpl())) {
       // The same tensor again (foreach Adam's addcmul_ of the gradients by themselves): its alias again, as
       // the native kernel would see one tensor twice.
       if (shared->flagos == t.unsafeGetTensorImpl()) return shared->native;
@@ -186,7 +186,7 @@ class AliasScope {
         native_layouts::update_from(*flagos, out, [this](const at::Tensor& m) { return adopt_member(m); });
       }
       // A kernel may have resized an out= argument.
-      if (out.storage().data() != flagos->unsafe_storage().data()) {
+      if (storage_of(out).data() != flagos->unsafe_storage().data()) {
         adopt_regrown(out, flagos);
       } else if (!native_memory::same_geometry(*out.unsafeGetTensorImpl(), *flagos) ||
                  out.storage_offset() != flagos->storage_offset()) {
@@ -234,11 +234,11 @@ class AliasScope {
       return native_layouts::sparse_like(out, kFlagos,
                                          [this](const at::Tensor& m) { return adopt_member(m); });
     }
-    if (const AliasedTensor* a = aliases_.over_native_storage(out.storage().unsafeGetStorageImpl())) {
+    const c10::StorageImpl* storage = storage_of(out).unsafeGetStorageImpl();
+    if (const AliasedTensor* a = aliases_.over_native_storage(storage)) {
       // A view of an input: the same view over its flagos storage.
       return flagos_tensor_over(a->flagos->unsafe_storage(), out);
     }
-    const c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
     for (const SharedResult& s : shared_results_) {
       // A view of an earlier result's memory.
       if (s.native.unsafeGetStorageImpl() == storage) return flagos_tensor_over(s.flagos, out);
@@ -279,7 +279,7 @@ class AliasScope {
   // moved when nothing else holds it, else borrowed. Anything else from a host kernel (CPU memory that a
   // thread pool worker allocated, a CPU argument returned) is not flagos memory, so its values are copied.
   at::Tensor adopt_fresh(const at::Tensor& out, at::Tensor* movable) {
-    const c10::Storage& storage = out.storage();
+    const c10::Storage& storage = storage_of(out);
     if (native_.host_kernels && !holds_flagos_memory(storage)) {
       if (C10_UNLIKELY(out.is_quantized())) return flagos_tensor_over(flagos_copy_of(storage), out);
       at::Tensor result =
@@ -373,17 +373,19 @@ class AliasScope {
   }
 
   // Turns `out` into a flagos tensor of `device` in place: the same TensorImpl and StorageImpl, relabelled,
-  // rather than new ones around its memory (two heap blocks fewer, and its version counter kept).
+  // rather than new ones around its memory (two heap blocks fewer, and its version counter kept). The
+  // memory keeps its deleter and context, so the allocator that made it still recognises it (recordStream,
+  // free); only the device on its DataPtr changes.
   static void relabel_as_flagos_tensor(const at::Tensor& out, c10::Device device) {
-    c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
-    const size_t nbytes = storage->nbytes();
-    c10::DataPtr memory = take_memory(out.storage(), device);
-    storage->set_data_ptr_noswap(std::move(memory));
-    storage->set_nbytes(nbytes);
+    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+    c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    storage->_mutable_data_ptr_no_checks().unsafe_set_device(device);
     storage->set_allocator(native().flagos_allocator);
     storage->set_resizable(true);
-    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
-    impl->set_storage_keep_dtype(out.storage());  // the device follows the relabelled memory
+    // The tensor's device is its storage's, refreshed by handing the storage back to it: moved out of the
+    // tensor and in again, without the reference counting a copy costs. can_relabel() checked that the
+    // tensor allows metadata changes, the one check set_storage_keep_dtype makes before taking it.
+    impl->set_storage_keep_dtype(std::move(const_cast<c10::Storage&>(impl->unsafe_storage())));
     impl->_change_backend_component_keys(device);
   }
 

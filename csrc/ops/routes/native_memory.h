@@ -60,6 +60,18 @@ inline const runtime::NativeDevice& native() {
   return C10_LIKELY(device != nullptr) ? *device : detail::native_first();
 }
 
+// A tensor's storage, read directly: TensorImpl::storage() is virtual and checks whether access must throw,
+// an out-of-line call several times per argument and result. Only a storage with memory is taken so: a
+// tensor without one (no storage, or one without memory, as tensors whose storage access throws have:
+// wrapper subclasses, batched tensors; or an empty tensor) is asked through storage(), which raises the
+// error where access throws.
+inline const c10::Storage& storage_of(const at::Tensor& t) {
+  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+  const bool has_memory =
+      storage && storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks().get() != nullptr;
+  return C10_LIKELY(has_memory) ? storage : t.storage();
+}
+
 // The dense dispatch key of tensors of device type `type` (flagos, the native device, or the CPU).
 inline c10::DispatchKey dense_key(c10::DeviceType type) {
   if (type == kFlagos) return c10::DispatchKey::PrivateUse1;
@@ -177,7 +189,7 @@ class AliasRecycler {
   // on native device `native` (native()).
   at::Tensor alias_of(const at::Tensor& t, const runtime::NativeDevice& native) {
     const c10::DeviceType type = native.type;
-    const c10::Storage& storage = t.storage();
+    const c10::Storage& storage = storage_of(t);
     const c10::Device device = native_device_for(storage, type);
     Kept& kept = kept_[slot_of(t.unsafeGetTensorImpl())];
     at::Tensor alias;
@@ -259,7 +271,7 @@ class AliasRecycler {
   static void view_memory(at::Tensor& alias, const at::Tensor& t, c10::Device device) {
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    const c10::Storage& memory = t.storage();
+    const c10::Storage& memory = storage_of(t);
     storage->set_data_ptr_noswap(runtime::borrow_for_call(memory, device));
     storage->set_nbytes(memory.nbytes());
     // The device follows the data; a TensorImpl with the same dtype and device needs neither set again.
