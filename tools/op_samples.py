@@ -11,7 +11,7 @@ call on each device under perf, the nanoseconds per call of each shared library,
 differ most between the devices (torch_fl's own functions all appear on flagos's side).
 
 Both devices run in one process, interleaved, because separate processes are not comparable here: on the
-lent GPU machine the same loop's time per call differs by up to 40% between fresh processes, on cuda as
+lent GPU machine the same loop's time per call differs by up to 1.7x between fresh processes, on cuda as
 much as on flagos. perf's own interrupts slow both devices alike; op_overhead's figure, without perf, is
 the one to quote for the time an op adds.
 
