@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -50,12 +51,12 @@ _SAMPLE = re.compile(r"^\s*(\d+\.\d+):\s+[0-9a-f]+\s+(.*)\s+\((.*)\)\s*$")
 
 @dataclasses.dataclass
 class Profile:
-    """One worker's loop: its time per call and where its samples fell."""
+    """One device's phases of the loop: its time per call and where their samples fell."""
 
     ns_per_call: float
     samples: dict[tuple[str, str], int]  # (library, function) -> samples
 
-    @property
+    @functools.cached_property
     def total(self) -> int:
         return sum(self.samples.values())
 
@@ -201,11 +202,11 @@ def run_op(
         time.sleep(0.5)
         if recorder.poll() is not None:
             raise RuntimeError(f"perf record failed: {recorder.stderr.read().strip()[-500:]}")
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-        phases = [Phase(**p) for p in json.loads(worker.stdout.read().strip().splitlines()[-1])]
-        if worker.wait(timeout=60) != 0:
-            raise RuntimeError(f"the worker for {op} failed")
+        # A worker that hangs (a wedged device) is stopped below once its phases are long overdue.
+        printed, _ = worker.communicate("go\n", timeout=2 * rounds * phase_s * 3 + 120)
+        if worker.returncode != 0:
+            raise RuntimeError(f"the worker for {op} failed (exit {worker.returncode})")
+        phases = [Phase(**p) for p in json.loads(printed.strip().splitlines()[-1])]
         recorder.wait(timeout=120)  # perf stops when the process it follows exits
     finally:
         for process in (worker, recorder):
