@@ -1,10 +1,10 @@
 """Where one op's host time goes, flagos against its native device, function by function: perf samples of a
 loop of the op.
 
-For each op named (benchmarks.op_overhead's cases: ``--set tiny`` or ``qwen3``), one worker process calls it
-in a loop on the native device (cuda when backed, the CPU on the simulated accelerator) and on flagos, in
-alternating phases (``--rounds`` of each, which device goes first alternating too), with autograd off as
-op_overhead runs them. perf samples the worker's CPU time (``cpu-clock``, all its threads, timestamps on
+For each op named (benchmarks.op_overhead's cases: ``--set tiny``, ``qwen3`` or ``foreach``), one worker
+process calls it in a loop on the native device (cuda when backed, the CPU on the simulated accelerator) and
+on flagos, in alternating phases (``--rounds`` of each, which device goes first alternating too), with autograd
+off as op_overhead runs them. perf samples the worker's CPU time (``cpu-clock``, all its threads, timestamps on
 CLOCK_MONOTONIC) while it loops, and each sample counts for the phase it fell in. A function's share of a
 device's samples times that device's time per call is its nanoseconds per call. Printed per op: the time per
 call on each device under perf, the nanoseconds per call of each shared library, and the functions that
@@ -240,8 +240,8 @@ def run_op(
 
 def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> int:
     """Calls one op in a loop on both devices: warm-up, 'ready', then (after a line on stdin) `rounds` phases
-    of `phase_s` seconds on each device, in batches of 500 calls with a synchronize after each, alternating
-    which device goes first; prints the phases as JSON."""
+    of `phase_s` seconds on each device, in batches of 500 calls (20 of a tensor-list op) with a synchronize
+    after each, alternating which device goes first; prints the phases as JSON."""
     import torch
 
     from benchmarks import op_overhead
@@ -249,14 +249,16 @@ def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> 
 
     torch.set_num_threads(1)
     devices = (native, "flagos")
-    if case_set == "qwen3":
-        fns = {d: op_overhead.make_qwen3_cases(d)[op][0] for d in devices}
+    if case_set in ("qwen3", "foreach"):
+        make = op_overhead.make_qwen3_cases if case_set == "qwen3" else op_overhead.make_foreach_cases
+        fns = {d: make(d)[op][0] for d in devices}
     else:
         fns = {d: op_overhead.make_cases(d)[op] for d in devices}
+    batch = 20 if case_set == "foreach" else 500  # a list op is hundreds of tensors' work
     phases = []
     with torch.no_grad():
         for device, fn in fns.items():
-            for _ in range(2000):
+            for _ in range(4 * batch):
                 fn()
             synchronize(device)
         print("ready", flush=True)
@@ -266,10 +268,10 @@ def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> 
                 fn, calls = fns[device], 0
                 start = time.clock_gettime(time.CLOCK_MONOTONIC)
                 while time.clock_gettime(time.CLOCK_MONOTONIC) - start < phase_s:
-                    for _ in range(500):
+                    for _ in range(batch):
                         fn()
                     synchronize(device)
-                    calls += 500
+                    calls += batch
                 end = time.clock_gettime(time.CLOCK_MONOTONIC)
                 phases.append({"device": device, "start": start, "end": end, "calls": calls})
     print(json.dumps(phases), flush=True)
@@ -285,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--ops", default="add", help="comma-separated op_overhead cases (default: add)")
-    parser.add_argument("--set", choices=("tiny", "qwen3"), default="tiny", help="op_overhead's case set")
+    parser.add_argument(
+        "--set", choices=("tiny", "qwen3", "foreach"), default="tiny", help="op_overhead's case set"
+    )
     parser.add_argument("--rounds", type=int, default=4, help="phases on each device (default 4)")
     parser.add_argument("--phase", type=float, default=1.0, help="seconds a phase (default 1)")
     parser.add_argument("--frequency", type=int, default=4999, help="samples a second (default 4999)")

@@ -90,12 +90,14 @@ def perf_can_sample() -> bool:
 
 
 @pytest.mark.skipif(not perf_can_sample(), reason="perf cannot sample on this machine")
-def test_one_op_end_to_end_on_the_native_device_and_flagos(tmp_path, capsys):
-    assert op_samples.main(["--ops", "add", "--rounds", "2", "--phase", "0.3", "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize(("case_set", "op"), [("tiny", "add"), ("foreach", "_foreach_mul_")])
+def test_one_op_end_to_end_on_the_native_device_and_flagos(tmp_path, capsys, case_set, op):
+    argv = ["--set", case_set, "--ops", op, "--rounds", "2", "--phase", "0.3", "--out", str(tmp_path)]
+    assert op_samples.main(argv) == 0
     summary = (tmp_path / "summary.txt").read_text()
     assert summary == capsys.readouterr().out
     lines = summary.splitlines()
-    assert lines[1] == "add:"
+    assert lines[1] == f"{op}:"
     ours = next(line for line in lines if line.strip().startswith("libtorch_fl_core.so"))
     native_ns, flagos_ns = (float(v) for v in ours.split()[1:3])
     assert flagos_ns > native_ns  # the flagos phases run torch_fl's kernels; the native ones barely enter it
