@@ -42,18 +42,6 @@ class AliasLookup {
     if (index_ != nullptr) index_->by_flagos_storage.reserve(total);
   }
 
-  // Adds an alias; the reference is valid until the next add().
-  const at::Tensor& add(at::Tensor&& native, const c10::TensorImpl* flagos) {
-    tensors_.emplace_back(std::move(native), flagos);
-    const auto last = static_cast<uint32_t>(tensors_.size() - 1);
-    if (index_ != nullptr) {
-      index_->by_flagos_storage.emplace(flagos_storage(tensors_[last]), last);
-    } else if (tensors_.size() >= kIndexedFrom) {
-      make_index(2 * kIndexedFrom);
-    }
-    return tensors_[last].native;
-  }
-
   // The first alias made for flagos storage `storage`, if any.
   const AliasedTensor* of_flagos_storage(const c10::StorageImpl* storage) {
     if (index_ != nullptr) return found_in(index_->by_flagos_storage, storage);
@@ -61,6 +49,36 @@ class AliasLookup {
       if (flagos_storage(a) == storage) return &a;
     }
     return nullptr;
+  }
+
+  // Adds an alias; the reference is valid until the next add().
+  const at::Tensor& add(at::Tensor&& native, const c10::TensorImpl* flagos) {
+    if (index_ != nullptr) {
+      index_->by_flagos_storage.emplace(flagos->unsafe_storage().unsafeGetStorageImpl(),
+                                        static_cast<uint32_t>(tensors_.size()));
+    }
+    return add_noted(std::move(native), flagos);
+  }
+
+  // of_flagos_storage() and, where it finds none, add()'s bookkeeping in the same probe of the index: the
+  // alias made next for that storage is noted as its first. That alias is then added with add_noted()
+  // before any other alias is looked up or added.
+  const AliasedTensor* of_flagos_storage_or_note(const c10::StorageImpl* storage) {
+    if (index_ != nullptr) {
+      const auto [it, noted] =
+          index_->by_flagos_storage.emplace(storage, static_cast<uint32_t>(tensors_.size()));
+      return noted ? nullptr : &tensors_[it->second];
+    }
+    // A few aliases: scanned as of_flagos_storage() scans them, without its call (every alias of every call).
+    for (const AliasedTensor& a : tensors_) {
+      if (a.flagos->unsafe_storage().unsafeGetStorageImpl() == storage) return &a;
+    }
+    return nullptr;
+  }
+  const at::Tensor& add_noted(at::Tensor&& native, const c10::TensorImpl* flagos) {
+    tensors_.emplace_back(std::move(native), flagos);
+    if (index_ == nullptr && tensors_.size() >= kIndexedFrom) make_index(2 * kIndexedFrom);
+    return tensors_.back().native;
   }
 
   // The alias that is native tensor `native` itself, if any.

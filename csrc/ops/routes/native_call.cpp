@@ -104,23 +104,25 @@ class AliasScope {
       passed_.push_back(t.unsafeGetTensorImpl());
       return t;
     }
-    if (placed) note_device(device);
+    if (placed && C10_UNLIKELY(device_ != device)) note_device(device);  // the first, or another device
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
     at::Tensor native;
-    if (const AliasedTensor* shared = aliases_.of_flagos_storage(storage_of(t).unsafeGetStorageImpl())) {
+    const c10::Storage& storage = storage_of(t);
+    if (const AliasedTensor* shared = aliases_.of_flagos_storage_or_note(storage.unsafeGetStorageImpl())) {
       // The same tensor again (foreach Adam's addcmul_ of the gradients by themselves): its alias again, as
       // the native kernel would see one tensor twice.
       if (shared->flagos == t.unsafeGetTensorImpl()) return shared->native;
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
       native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
     } else if (recycler_ != nullptr) {
-      native = recycler_->alias_of(t, native_);
+      native = recycler_->alias_of(t, storage, native_);
     } else {
       native = tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),
                                             c10::GetAllocator(native_type_)),
                            native_type_, t);
     }
-    return aliases_.add(std::move(native), t.unsafeGetTensorImpl());
+    // The index knows the storage now (noted above, or found with its first alias).
+    return aliases_.add_noted(std::move(native), t.unsafeGetTensorImpl());
   }
 
   void reserve_aliases(size_t n) { aliases_.reserve_more(n); }
@@ -227,6 +229,13 @@ class AliasScope {
     if (!out.defined()) return as_is();
     const c10::DeviceType type = out.device().type();
     if (type == kFlagos) return as_is();
+    // A result that nothing else holds, over a storage that nothing else holds, is fresh: it is no argument
+    // (the scope holds every alias, the caller every other argument) and no view of one's memory (a view
+    // holds its storage, as the alias and an earlier shared result do). Taken without the lookups below,
+    // which in a call over long tensor lists are hash maps over every alias.
+    if (C10_LIKELY(type == native_type_ && !cpu_results_ && held_only_here(out))) {
+      return adopt_fresh(out, movable);
+    }
     if (c10::TensorImpl* arg = adopt_argument(out)) return handle_to(arg);
     if (C10_UNLIKELY(cpu_results_)) return as_is();  // the call asked for CPU results
     if (C10_UNLIKELY(native_layouts::has_members(out)) && !out.is_quantized()) {
@@ -245,6 +254,11 @@ class AliasScope {
     }
     if (type != native_type_) return as_is();  // e.g. a CPU scalar result on a CUDA machine
     return adopt_fresh(out, movable);
+  }
+
+  static bool held_only_here(const at::Tensor& out) {
+    const c10::Storage& storage = out.unsafeGetTensorImpl()->unsafe_storage();
+    return out.use_count() == 1 && storage && storage.use_count() == 1;
   }
 
   void note_device(c10::Device d) {

@@ -185,11 +185,10 @@ class AliasRecycler {
     return recycler;
   }
 
-  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory,
-  // on native device `native` (native()).
-  at::Tensor alias_of(const at::Tensor& t, const runtime::NativeDevice& native) {
+  // A native alias of flagos tensor t with storage of its own: t's geometry and view bits over t's memory
+  // (`storage`, storage_of(t)), on native device `native` (native()).
+  at::Tensor alias_of(const at::Tensor& t, const c10::Storage& storage, const runtime::NativeDevice& native) {
     const c10::DeviceType type = native.type;
-    const c10::Storage& storage = storage_of(t);
     const c10::Device device = native_device_for(storage, type);
     Kept& kept = kept_[slot_of(t.unsafeGetTensorImpl())];
     at::Tensor alias;
@@ -203,12 +202,12 @@ class AliasRecycler {
       if (kept.flagos != t.unsafeGetTensorImpl() || memory.data_ptr().get_context() != owner ||
           memory.data() != owner->mutable_data() || memory.nbytes() != owner->nbytes() ||
           memory.device() != device || alias.unsafeGetTensorImpl()->dtype() != t.dtype()) {
-        view_memory(alias, t, device);
+        view_memory(alias, t, storage, device);
       }
     } else if (!free_.empty()) {
       alias = std::move(free_.back());
       free_.pop_back();
-      view_memory(alias, t, device);
+      view_memory(alias, t, storage, device);
     } else {
       return tensor_over(c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
                                       runtime::borrow_for_call(storage, device), native.allocator,
@@ -266,12 +265,12 @@ class AliasRecycler {
     return ((address >> 4) ^ (address >> 12)) & (kSlots - 1);
   }
 
-  // Gives a reused alias t's memory (on `device`) and dtype. Its allocator and resizability are right:
-  // put() checked them.
-  static void view_memory(at::Tensor& alias, const at::Tensor& t, c10::Device device) {
+  // Gives a reused alias t's memory (`memory`, storage_of(t), on `device`) and dtype. Its allocator and
+  // resizability are right: put() checked them.
+  static void view_memory(at::Tensor& alias, const at::Tensor& t, const c10::Storage& memory,
+                          c10::Device device) {
     c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
     c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
-    const c10::Storage& memory = storage_of(t);
     storage->set_data_ptr_noswap(runtime::borrow_for_call(memory, device));
     storage->set_nbytes(memory.nbytes());
     // The device follows the data; a TensorImpl with the same dtype and device needs neither set again.

@@ -131,7 +131,6 @@ struct BorrowedList {
   template <class List>
   BorrowedList(NativeCall& aliases, const List& list) {
     value.reserve(list.size());
-    if (list.size() > 1) aliases.reserve_aliases(list.size());
     for (const at::Tensor& t : list) value.push_back(BorrowTraits::createBorrow(aliases.alias(t)));
   }
   BorrowedList(BorrowedList&& other) noexcept = default;  // leaves `other` empty
@@ -185,6 +184,21 @@ struct NativeArg<std::optional<c10::Device>> {
   }
   std::optional<c10::Device> get() { return value; }
 };
+
+template <class T>
+inline constexpr bool is_tensor_list_v =
+    std::is_same_v<std::decay_t<T>, at::TensorList> || std::is_same_v<std::decay_t<T>, at::ITensorListRef>;
+
+// The tensors of a tensor-list argument (none for another kind): a call reserves room for the aliases of all
+// its lists at once, rather than growing list by list.
+template <class T>
+size_t listed_tensors(const T& arg) {
+  if constexpr (is_tensor_list_v<T>) {
+    return arg.size();
+  } else {
+    return 0;
+  }
+}
 
 // The second pass over a call's arguments, for the ops that have a generator argument.
 template <class T>
@@ -382,6 +396,9 @@ struct UnboxedKernel<Op, Ret(Args...)> {
 
   static Ret run_native(Args&... args) {
     NativeCall call(NativeCall::kUnboxedKernel, unboxed_detail::UnboxedOpTraits<Op>::kOneDevice);
+    if constexpr ((unboxed_detail::is_tensor_list_v<Args> || ...)) {
+      call.reserve_aliases((unboxed_detail::listed_tensors(args) + ...));
+    }
     // Braced initialisation: arguments are aliased in order, as on the boxed path.
     std::tuple<unboxed_detail::NativeArg<Args>...> native{unboxed_detail::NativeArg<Args>(call, args)...};
     if constexpr ((unboxed_detail::finished_later_v<Args> || ...)) {

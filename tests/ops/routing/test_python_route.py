@@ -283,3 +283,25 @@ def test_out_of_an_op_whose_shape_depends_on_the_data_is_left_to_the_implementat
         routing.unregister_python_impl(op)
     assert shapes_seen == [(0,)]
     assert torch.equal(out.cpu(), torch.nonzero(x))
+
+
+def test_a_result_that_is_an_argument_or_views_one_is_the_callers_memory():
+    # A result that nothing else holds is adopted as fresh without looking it up among the call's arguments
+    # (csrc/ops/routes/native_call.cpp). One that is an argument, or a view of one, is held by the call's
+    # aliases: it must still come back as the caller's tensor, or as a view over the caller's memory.
+    x = torch.arange(6.0, device="flagos")
+    try:
+        routing.register_python_impl("aten::abs", lambda self: self)
+        assert torch.abs(x) is x
+        routing.register_python_impl("aten::abs", lambda self: self[2:])
+        view = torch.abs(x)
+        assert view.device == x.device
+        assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        view.fill_(-1.0)
+        torch.testing.assert_close(x.cpu(), torch.tensor([0.0, 1.0, -1.0, -1.0, -1.0, -1.0]))
+        routing.register_python_impl("aten::abs", lambda self: self * 2)
+        fresh = torch.abs(x)
+        assert fresh.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(fresh.cpu(), 2 * x.cpu())
+    finally:
+        routing.unregister_python_impl("aten::abs")
