@@ -54,9 +54,11 @@ name=$(IFS=-; echo "$*")
 
 GEMS_CONFIG=${GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
 SUITE_WORKERS=${SUITE_WORKERS:-8}
-GPU_BENCH=${GPU_BENCH:-op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead}
+GPU_BENCH=${GPU_BENCH:-op_overhead op_overhead_qwen3 op_overhead_foreach transfers qwen3 flaggems_overhead flaggems_kernels
+  compat_overhead}
 for bench in $GPU_BENCH; do
-  [[ " op_overhead transfers qwen3 flaggems_overhead flaggems_kernels compat_overhead qwen3_compile compile_time " \
+  [[ " op_overhead op_overhead_qwen3 op_overhead_foreach transfers qwen3 flaggems_overhead flaggems_kernels \
+    compat_overhead qwen3_compile compile_time " \
     == *" $bench "* ]] || { echo "error: GPU_BENCH: no benchmark '$bench' here" >&2; exit 2; }
 done
 # Test files that run in processes of their own, in the parts that name them; the suite runs every other one.
@@ -177,6 +179,10 @@ part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to be
   for bench in $GPU_BENCH; do
     case $bench in
       op_overhead) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --repeats 9 --json ;;
+      op_overhead_qwen3) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set qwen3 \
+        --repeats 5 --json ;;
+      op_overhead_foreach) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set foreach \
+        --repeats 5 --json ;;
       transfers) fg_job bench "$bench" command 120 python3 -m benchmarks.transfers --json ;;
       qwen3) fg_job bench "$bench" command 330 python3 -m benchmarks.qwen3 --repeats 5 \
         --configs "native,$GEMS_CONFIG" --top-ops 12 --json ;;
