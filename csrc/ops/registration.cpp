@@ -27,10 +27,9 @@
 //     ops that have a kernel for those layouts on the native device and a composite kernel get
 //     layout_fallback for those layouts on flagos (route_native_layout_kernels);
 //   - once, when the device is first initialised, whatever the first call is (runtime/setup.h), the set-up
-//     step below: the implicit composites with a native kernel and an autograd formula of their own are
-//     routed directly, and when the native kernels are device kernels (backed by CUDA) so are the ops the
-//     native device has kernels for (route_native_kernels_directly); on CUDA flash attention's overrideable
-//     kernels are registered.
+//     step below: the implicit composites with a native kernel and an autograd formula of their own, and
+//     the explicit composites of ops the native device has kernels for, are routed directly
+//     (route_native_kernels_directly); on CUDA flash attention's overrideable kernels are registered.
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
@@ -132,11 +131,10 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   kernels::add_autocast_policies(m);
 }
 
-// The set-up step (see the top of this file). With host kernels the explicit composites stay: they allocate
-// on flagos and call the `out` overload, which is zero-copy there.
+// The set-up step (see the top of this file).
 void set_up_for_native_device() {
   const runtime::NativeDevice& native = runtime::native_device();
-  route_native_kernels_directly(native.key, /*device_kernels=*/!native.host_kernels);
+  route_native_kernels_directly(native.key, /*backed=*/!native.host_kernels);
   if (native.host_kernels) return;
   if (native.type != c10::DeviceType::CUDA) return;
   // Leaked: the registrations stay for the process (ops may run during static destruction).

@@ -144,7 +144,7 @@ def test_import_imports_neither_flag_gems_nor_triton(run_python, tmp_path):
     # torch_fl must still import neither; on the simulated accelerator the first routed op finds FlagGems
     # unusable before importing it.
     conf = tmp_path / "gems.conf"
-    conf.write_text("mm.out = flaggems\n")
+    conf.write_text("mm = flaggems\n")
     result = run_python(
         """
         import json, sys, torch, torch_fl
@@ -267,7 +267,7 @@ def cpu(t):
 a = torch.randn(6, 5, device="flagos")
 b = torch.randn(6, 5, device="flagos")
 idx = torch.tensor([4, 0, 2], device="flagos")
-ops = ["mm.out", "add.out", "_softmax.out", "max.dim_max", "index_select"]
+ops = ["mm", "mm.out", "add.Tensor", "add_.Tensor", "add.out", "_softmax", "max.dim", "index_select"]
 enabled_before = torch_fl.is_flaggems_enabled()
 with routing.override({op: "flaggems" for op in ops}):
     enabled = torch_fl.is_flaggems_enabled()
@@ -275,6 +275,8 @@ with routing.override({op: "flaggems" for op in ops}):
     flag_gems.CALLS.clear()
     checks = {}
     checks["mm"] = torch.equal(cpu(torch.mm(a, b.t())), cpu(a) @ cpu(b).t())
+    mm_out = torch.empty(6, 6, device="flagos")
+    checks["mm_out"] = torch.mm(a, b.t(), out=mm_out) is mm_out and torch.equal(cpu(mm_out), cpu(a) @ cpu(b).t())
     checks["add"] = torch.equal(cpu(a + b), cpu(a) + cpu(b))
     c = a.clone()
     same = c.add_(b, alpha=2)
@@ -308,10 +310,11 @@ print("RESULT " + json.dumps({
     ).check()
     out = result.json()
     assert out["enabled_before"] is False and out["enabled"] is True
-    assert out["routes"] == ["flaggems"] * 5
+    assert out["routes"] == ["flaggems"] * 8
     assert all(out["checks"].values()), out["checks"]
-    # mm.out is FlagGems' own; add.out/_softmax.out/max.dim_max run its functional ops through adapters.
-    assert out["calls"] == ["mm_out", "add", "add", "softmax", "max_dim", "index_select", "add", "add"]
+    # Each call reaches the router as the op it is (functional, in-place, out=). mm.out is FlagGems' own;
+    # add.out runs its functional add through an adapter (the last two calls).
+    assert out["calls"] == ["mm", "mm_out", "add", "add_", "softmax", "max_dim", "index_select", "add", "add"]
     assert out["after"] == []
     assert out["resize_warnings"] == 1
     assert "can't be cast to the desired output type" in out["cast_error"]
@@ -328,16 +331,17 @@ def mm_out(self, mat2, *, out):
     return torch.mm(self, mat2, out=out)
 routing.register_python_impl("mm.out", mm_out, route=False)
 a = torch.randn(3, 3, device="flagos")
+out = torch.empty(3, 3, device="flagos")
 seen = []
 for backend in ("flaggems", "python", "flaggems", "native"):
     flag_gems.CALLS.clear(); python_calls.clear()
     with routing.override({"mm.out": backend}):
-        torch.mm(a, a)
+        torch.mm(a, a, out=out)
     seen.append([backend, list(flag_gems.CALLS), list(python_calls)])
 routing.unregister_python_impl("mm.out")
 with routing.override({"mm.out": "flaggems"}):
     flag_gems.CALLS.clear()
-    torch.mm(a, a)
+    torch.mm(a, a, out=out)
     seen.append(["flaggems after unregister", list(flag_gems.CALLS), []])
 print("RESULT " + json.dumps(seen))
 """,
@@ -360,8 +364,9 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     with routing.override({"bmm.out": "flaggems", "mul.out": "flaggems"}):
         a = torch.randn(2, 3, 3, device="flagos")
+        out = torch.empty(2, 3, 3, device="flagos")
         for _ in range(2):
-            torch.bmm(a, a); a * a
+            torch.bmm(a, a, out=out); torch.mul(a, a, out=out)
         text = routing.explain("bmm.out")
 print("RESULT " + json.dumps({"warnings": [str(w.message) for w in caught], "explain": text}))
 """,

@@ -321,17 +321,15 @@ bool is_implicit_with_native_kernel(const c10::OperatorHandle& op, c10::Dispatch
          op.hasKernelForDispatchKey(native_key) && op.hasKernelForDispatchKey(DispatchKey::Autograd);
 }
 
-size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_kernels) {
+size_t route_native_kernels_directly(c10::DispatchKey native_key, bool backed) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   size_t registered = 0;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
     if (!op.has_value()) continue;
-    // The cheap tests first: with host kernels, few ops are implicit composites at all.
-    const bool implicit = is_implicit_with_native_kernel(*op, native_key);
-    if (!implicit && !device_kernels) continue;
     if (entry_locked(r, *op) != OpEntry::kComposite) continue;
+    const bool implicit = is_implicit_with_native_kernel(*op, native_key);
     if (!implicit && (composite_key(*op) == DispatchKey::CompositeImplicitAutograd ||
                       !op->hasKernelForDispatchKey(native_key))) {
       continue;
@@ -341,7 +339,7 @@ size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_ke
     r.direct.insert(name);
     ++registered;
   }
-  if (!device_kernels) return registered;
+  if (!backed) return registered;
   for (const char* text : kBackedDirectComposites) {
     const c10::OperatorName name = aten_name(text);
     const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);

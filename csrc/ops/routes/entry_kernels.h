@@ -63,15 +63,17 @@ void ensure_routed_kernel(const c10::OperatorHandle& op);
 //     native device runs its kernel and differentiates the op by its formula, where on flagos autograd would
 //     differentiate the decomposition (other kernels, other rounding), because PrivateUse1 has no kernel of
 //     its own. Once routed, AutogradPrivateUse1 takes the formula too. On both accelerators.
-//   - with `device_kernels` (the native device's kernels allocate from flagos's pool: backed by CUDA), every
-//     op that has a kernel for the native key but runs a CompositeExplicitAutograd(NonFunctional) kernel on
-//     flagos (mm, add.Tensor, native_layer_norm, ...): the composite would allocate the result and call the
-//     `out` overload through the router, computing the op's metadata twice and aliasing one more tensor,
-//     where the native kernel allocates from the same pool and its result is adopted without a copy. (With
-//     host kernels these composites stay: their out= call is zero-copy there.)
+//   - every op that has a kernel for the native key but runs a CompositeExplicitAutograd(NonFunctional)
+//     kernel on flagos (mm, add.Tensor, native_layer_norm, ...): the composite would allocate the result and
+//     call the `out` overload through the router, computing the op's metadata twice and aliasing one more
+//     tensor, where the native kernel allocates flagos memory itself (backed, from the pool both devices
+//     share; with host kernels, inside the call's runtime::HostKernelAllocations) and its result is adopted
+//     without a copy. So on every accelerator a rule naming add.Tensor governs torch.add, and one naming
+//     add.out governs add's out= calls only. On both accelerators.
+//   - when `backed` (by CUDA), copy_ too (kBackedDirectComposites in entry_kernels.cpp).
 // Call once, at device initialisation, before threads run ops (it changes dispatch tables). Returns how many
 // ops it routed.
-size_t route_native_kernels_directly(c10::DispatchKey native_key, bool device_kernels);
+size_t route_native_kernels_directly(c10::DispatchKey native_key, bool backed);
 
 // Whether `op` has a CompositeImplicitAutograd kernel, its own kernel for `native_key` and its own autograd
 // formula (the first kind above).

@@ -2,9 +2,8 @@
 router, the native device's dispatch key, a config-file writer, and the fixture that leaves the router as
 it found it.
 
-Note on op names: on flagos, many functional ops (aten::mm, aten::add.Tensor) run a composite kernel
-that calls their ``out`` overload, so the overload that reaches the router is e.g. ``aten::mm.out``;
-the tests route those.
+Note on op names: a rule names one overload. The tests route the ``out`` overloads (``aten::mm.out``),
+which their calls with ``out=`` reach; ``torch.mm(a, b)`` reaches ``aten::mm``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Routes on ops that do not reach the router by themselves, and the per-backend call counters.
 
-On flagos, functional ops such as aten::mm and aten::add.Tensor run a composite kernel that allocates the
-result and calls the ``out`` overload, and CompositeImplicitAutograd ops (aten::linear) decompose; a rule
-naming such an op registers the router's kernel for it, so the rule takes effect. ``routing.counts()``
+On flagos, ops without a native kernel of their own run a composite kernel that calls other ops
+(aten::mv calls addmv_), and CompositeImplicitAutograd ops (aten::linear) decompose; a rule naming such an op
+registers the router's kernel for it, so the rule takes effect. Ops with a native kernel (aten::mm,
+aten::add.Tensor) reach the router by themselves, with or without a rule. ``routing.counts()``
 shows which backend served each call, which is how these tests see which route ran.
 
 In-process tests change the API and config levels and restore them; the environment is tested in
@@ -24,10 +25,9 @@ from torch_fl import routing
 
 NATIVE = "CUDA" if torch_fl.accelerator() == "cuda" else "CPU"
 NATIVE_DEVICE = NATIVE.lower()
-# Backed by torch's CUDA, ops with a CUDA kernel reach the router under their own name (ops/routes/entry_kernels.h), and
-# results are CUDA's: equal to CPU's within float32 tolerance, not bitwise.
+# Backed by torch's CUDA, results are CUDA's: equal to CPU's within float32 tolerance, not bitwise. Ops with a
+# native kernel reach the router under their own name on every accelerator (ops/routes/entry_kernels.h).
 BACKED = torch_fl._C._backing_type() is not None
-EXP_ROUTED = "aten::exp" if BACKED else "aten::exp.out"
 ZERO = {"native": 0, "cpu": 0, "flaggems": 0, "python": 0}
 
 
@@ -112,7 +112,7 @@ def test_override_context_routes_mm_and_restores():
         inside, inside_counts = counts_of(lambda: torch.mm(fa, fb))
     after, after_counts = counts_of(lambda: torch.mm(fa, fb))
     assert inside_counts == only(cpu=1)
-    assert after_counts == only(native=1), "after the block mm runs its composite again (mm.out, native)"
+    assert after_counts == only(native=1), "after the block mm runs natively again"
     assert_equal(inside, a @ b)
     assert_equal(after, a @ b)
 
@@ -155,31 +155,35 @@ def test_backend_config_at_import_routes_add_tensor(run_python, tmp_path):
 
 
 def test_log_dispatch_shows_the_routed_op_and_the_composite_path(run_python):
+    # mm has a native kernel: its calls reach the router as mm, with a rule or without. mv has only a
+    # composite kernel: with a rule its calls reach the router as mv; with the rule removed the composite runs
+    # again and calls addmv_, which is routed on its own.
     result = run_python(
         """
         import torch, torch_fl
         from torch_fl import routing
-        a = torch.ones(2, 2, device="flagos")
-        routing.set("mm", "cpu")
-        print("-- routed", flush=True)
-        torch.mm(a, a)
-        routing.set("mm", None)
-        print("-- default", flush=True)
-        torch.mm(a, a)
+        a, v = torch.ones(2, 2, device="flagos"), torch.ones(2, device="flagos")
+        for op, call in (("mm", lambda: torch.mm(a, a)), ("mv", lambda: torch.mv(a, v))):
+            routing.set(op, "cpu")
+            call()
+            routing.set(op, None)
+            call()
         """,
         env={"FLAGOS_LOG_DISPATCH": "1"},
     ).check()
-    lines = [line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch] aten::mm")]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch] aten::m")]
+    lines += [
+        line for line in result.stderr.splitlines() if line.startswith("[flagos dispatch] aten::addmv_")
+    ]
     native = f"native (default: native has a {NATIVE} kernel)"
-    if BACKED:  # mm has a CUDA kernel, so it reaches the router directly: no composite, no mm.out
-        assert lines == ["[flagos dispatch] aten::mm -> cpu (api)", f"[flagos dispatch] aten::mm -> {native}"]
-        return
     assert lines == [
         "[flagos dispatch] aten::mm -> cpu (api)",
-        f"[flagos dispatch] aten::mm -> {native}; note: no rule names it, so on flagos it runs its "
-        "CompositeExplicitAutogradNonFunctional kernel, which calls other ops (probably aten::mm.out) that "
-        "are routed on their own",
-        f"[flagos dispatch] aten::mm.out -> {native}",
+        f"[flagos dispatch] aten::mm -> {native}",
+        "[flagos dispatch] aten::mv -> cpu (api)",
+        f"[flagos dispatch] aten::mv -> {native}; note: no rule names it, so on flagos it runs its "
+        "CompositeExplicitAutograd kernel, which calls other ops (probably aten::mv.out) that are routed on "
+        "their own",
+        f"[flagos dispatch] aten::addmv_ -> {native}",
     ], result.stderr
 
 
@@ -192,23 +196,22 @@ def test_explicit_native_runs_the_op_itself_not_its_out_overload():
     assert_equal(result, a @ b)
 
 
-@pytest.mark.skipif(
-    BACKED, reason="backed by CUDA, mm reaches the router directly: there is no composite to fall back to"
-)
 def test_reset_route_behaves_as_never_routed():
-    a, b, fa, fb = mats()
-    before = torch.mm(fa, fb)
-    routing.set("aten::mm", "cpu")
-    torch.mm(fa, fb)
-    routing.set("aten::mm", None)
-    # With no rule, mm runs its composite kernel again, which calls mm.out: routing mm.out shows it.
-    with routing.override({"aten::mm.out": "cpu"}):
-        after, counts = counts_of(lambda: torch.mm(fa, fb))
+    a = torch.randn(5, 3)
+    v = torch.randn(3)
+    fa, fv = a.to("flagos"), v.to("flagos")
+    before = torch.mv(fa, fv)
+    routing.set("aten::mv", "cpu")
+    torch.mv(fa, fv)
+    routing.set("aten::mv", None)
+    # With no rule, mv runs its composite kernel again, which calls addmv_: routing addmv_ shows it.
+    with routing.override({"aten::addmv_": "cpu"}):
+        after, counts = counts_of(lambda: torch.mv(fa, fv))
     assert counts == only(cpu=1)
-    assert_equal(after, a @ b)
-    torch.testing.assert_close(after.cpu(), before.cpu(), rtol=0, atol=0)
-    assert "no rule names it, so on flagos it runs its CompositeExplicitAutogradNonFunctional kernel" in (
-        routing.explain("mm")
+    assert_equal(before, a @ v)
+    assert_equal(after, a @ v)
+    assert "no rule names it, so on flagos it runs its CompositeExplicitAutograd kernel" in routing.explain(
+        "mv"
     )
 
 
@@ -217,7 +220,7 @@ def test_in_place_and_out_variants_of_a_routed_functional_op_are_unaffected():
     fx = x.to("flagos")
     routing.set("aten::add.Tensor", "cpu")
     y = fx.clone()
-    y.add_(fx)  # add_.Tensor: its own composite, not routed
+    y.add_(fx)  # add_.Tensor: an op of its own, not routed
     torch.testing.assert_close(y.cpu(), x + x, rtol=0, atol=0)
     out = torch.empty(8, device="flagos")
     torch.add(fx, fx, out=out)
@@ -385,7 +388,7 @@ def test_counts_and_reset():
     x = torch.randn(16, device="flagos")
     _, counts = counts_of(lambda: (x.exp(), x.sin(), x.cos()))
     assert counts == only(native=3)
-    with routing.override({EXP_ROUTED: "cpu"}):
+    with routing.override({"aten::exp": "cpu"}):
         _, counts = counts_of(lambda: (x.exp(), x.sin()))
     assert counts == only(native=1, cpu=1)
     routing.reset_counts()
@@ -394,7 +397,7 @@ def test_counts_and_reset():
 
 def test_counts_name_the_backend_after_fall_through(flaggems_unavailable):
     x = torch.randn(16, device="flagos")
-    routing.set(EXP_ROUTED, "flaggems")  # unavailable here: falls through to native
+    routing.set("aten::exp", "flaggems")  # unavailable here: falls through to native
     with warnings.catch_warnings():
         # The fall-through warning is once per process (tests/flaggems/test_flaggems.py checks it in a fresh
         # one).

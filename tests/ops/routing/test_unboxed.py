@@ -17,7 +17,8 @@ import torch_fl
 from torch_fl import _C, routing
 
 BACKED = torch_fl._C._backing_type() is not None
-# The overload of add that reaches flagos: its own when backed (routed directly), else the composite's out=.
+# The overload of add whose unboxed kernel these tests watch: add.Tensor, routed directly, when backed; on
+# the simulated accelerator add.out (an unboxed kernel standing in for the fallback), called with out=.
 ADD = "aten::add.Tensor" if BACKED else "aten::add.out"
 
 
