@@ -296,11 +296,13 @@ def test_a_result_that_is_an_argument_or_views_one_is_the_callers_memory():
         routing.register_python_impl("aten::abs", lambda self: self[2:])
         view = torch.abs(x)
         assert view.device == x.device
-        assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        # The caller's storage itself, not another storage over the same memory.
+        assert view.untyped_storage()._cdata == x.untyped_storage()._cdata
         view.fill_(-1.0)
         torch.testing.assert_close(x.cpu(), torch.tensor([0.0, 1.0, -1.0, -1.0, -1.0, -1.0]))
         routing.register_python_impl("aten::abs", lambda self: self * 2)
         fresh = torch.abs(x)
+        assert fresh.untyped_storage()._cdata != x.untyped_storage()._cdata
         assert fresh.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
         torch.testing.assert_close(fresh.cpu(), 2 * x.cpu())
     finally:
