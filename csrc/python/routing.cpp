@@ -8,6 +8,7 @@
 #include "ops/routes/dispatch.h"
 #include "ops/routes/entry_kernels.h"
 #include "ops/routes/launch_replay.h"
+#include "ops/routes/native_unboxed.h"
 #include "ops/routes/python.h"
 #include "ops/routing/explain.h"
 #include "ops/routing/router.h"
@@ -177,6 +178,14 @@ void bind_routing(py::module_& m) {
     }
     return d;
   });
+  // Whether tensor-list calls pass flagos tensors to the native kernel without aliases, and the switch
+  // (tests and benchmarks compare the two ways in one process).
+  m.def("_unaliased_list_calls", []() {
+    HANDLE_TH_ERRORS
+    return ops::unaliased_list_calls();
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_set_unaliased_list_calls", &ops::set_unaliased_list_calls);
   // The flaggems backend (torch_fl/_flaggems.py): availability, and FlagGems' functions, owned forever
   // like Python implementations.
   m.def("_routing_set_flaggems_available", [](bool available, const std::string& reason) {

@@ -22,6 +22,12 @@ struct NativeDevice {
   // Its kernels refuse tensors of two devices themselves, as torch's CUDA kernels do (the generated check,
   // TensorIterator's, an op's own): the router need not check devices before the native route.
   bool kernels_check_devices;
+  // Its elementwise tensor-list kernels (foreach, _chunk_cat, split_with_sizes_copy) take flagos tensors as
+  // they are, so the native route passes them without aliases (ops/routes/native_unboxed.h): torch's CUDA
+  // ones check only that a list shares one device, read data pointers, launch on the current stream, allocate
+  // through the dispatcher on their tensors' device, and fall back to per-tensor ops (flagos calls)
+  // otherwise.
+  bool list_kernels_take_flagos_tensors;
   c10::Allocator* allocator;         // the native device's allocator: what a native alias grows with
   c10::Allocator* flagos_allocator;  // flagos's device allocator
   // The deleter of flagos memory seen from the native device: the backing allocator's when backed, the

@@ -98,6 +98,23 @@ class NativeCall {
     }
   }
 
+  // A call whose native kernel takes the flagos tensors as they are (NativeDevice::list_kernels_take_flagos_
+  // tensors): of run()'s steps only the profiler span (on `traced_device`, -1 for none) and the error
+  // context; nothing is aliased, guarded (the kernel's generated wrapper guards its tensors' device) or
+  // adopted (its results are flagos tensors already).
+  template <class Kernel>
+  static decltype(auto) run_unaliased(const char* name, const char* overload, c10::DeviceIndex traced_device,
+                                      Kernel&& kernel) {
+    const runtime::profiler::DeviceSpan span(runtime::profiler::SpanKind::kKernel, name, overload,
+                                             traced_device);
+    try {
+      return kernel();
+    } catch (c10::Error& e) {
+      add_context(e, name, overload);
+      throw;
+    }
+  }
+
   // ---- 3. Adoption --------------------------------------------------------------------------------------
   // The flagos result for a fresh native result (or a view of an argument), moved into it where it can be.
   at::Tensor adopt(at::Tensor&& native);

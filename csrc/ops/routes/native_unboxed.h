@@ -32,6 +32,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -45,7 +46,9 @@
 #include "ops/routes/native_call.h"
 #include "ops/routes/native_memory.h"
 #include "ops/routing/router.h"
+#include "runtime/device.h"
 #include "runtime/graph.h"
+#include "runtime/profiler/device_trace.h"
 
 namespace flagos::ops {
 
@@ -59,6 +62,11 @@ struct UnboxedOp {
 // The operators with an unboxed kernel (native_unboxed.cpp), and the entry for one (nullptr if none).
 const std::vector<UnboxedOp>& unboxed_ops();
 const UnboxedOp* find_unboxed_op(const c10::OperatorName& name);
+
+// Whether the list ops' calls pass the flagos tensors to the native kernel as they are in this process (the
+// native device allows it and the switch is on), and the switch (tests and benchmarks compare both ways).
+bool unaliased_list_calls();
+void set_unaliased_list_calls(bool on);
 
 namespace unboxed_detail {
 
@@ -315,6 +323,48 @@ struct UnboxedOpTraits<at::_ops::_foreach_copy_> {
   static constexpr bool kCounted = true;
 };
 
+// The tensor-list ops whose native kernels may take the flagos tensors as they are, where the native device
+// says so (NativeDevice::list_kernels_take_flagos_tensors): the foreach family, _chunk_cat and
+// split_with_sizes_copy, whose aliases and adoption would cost about 50 ns a tensor over lists of hundreds.
+// Not the foreach reductions (_foreach_norm, _foreach_max): CUDA's allocate their results as CUDA tensors
+// (at::detail::empty_cuda), which a flagos device refuses. Each op of the list in native_unboxed.cpp that
+// this admits runs both ways in tests/ops/routing/test_unboxed.py.
+constexpr bool starts_with(const char* s, const char* prefix) {
+  for (; *prefix != '\0'; ++s, ++prefix) {
+    if (*s != *prefix) return false;
+  }
+  return true;
+}
+constexpr bool same_name(const char* a, const char* b) {
+  return starts_with(a, b) && starts_with(b, a);
+}
+constexpr bool is_list_kernel_op(const char* op_name) {
+  if (same_name(op_name, "aten::_foreach_norm") || same_name(op_name, "aten::_foreach_max")) return false;
+  return starts_with(op_name, "aten::_foreach_") || same_name(op_name, "aten::_chunk_cat") ||
+         same_name(op_name, "aten::split_with_sizes_copy");
+}
+template <class Op>
+inline constexpr bool is_list_kernel_op_v = is_list_kernel_op(Op::name);
+
+// The switch of unaliased list calls: on unless FLAGOS_UNALIASED_LIST_CALLS=0 at start;
+// set_unaliased_list_calls turns it over.
+extern std::atomic<bool> g_unaliased_list_calls;
+
+// The flagos device of an argument's first flagos tensor, -1 when it has none.
+template <class T>
+c10::DeviceIndex flagos_device_of(const T& arg) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return arg.defined() && arg.device().type() == kFlagos ? arg.device().index() : -1;
+  } else if constexpr (is_tensor_list_v<T>) {
+    for (const at::Tensor& t : arg) {
+      if (t.defined() && t.device().type() == kFlagos) return t.device().index();
+    }
+    return -1;
+  } else {
+    return -1;
+  }
+}
+
 // Whether t has dimension names, on a torch that still has named tensors (later ones removed them).
 template <class T>
 auto has_dim_names(const T& t, int /*preferred*/) -> decltype(t.has_names()) {
@@ -388,11 +438,29 @@ struct UnboxedKernel<Op, Ret(Args...)> {
     if constexpr (Traits::kCounted) {
       count_unboxed_native_call();
     }
+    if constexpr (unboxed_detail::is_list_kernel_op_v<Op>) {
+      if (native_memory::native().list_kernels_take_flagos_tensors &&
+          unboxed_detail::g_unaliased_list_calls.load(std::memory_order_relaxed)) {
+        return run_unaliased(args...);
+      }
+    }
     return run_native(args...);
   }
 
  private:
   static inline OperatorRoute route_;  // this op's route, kept between calls
+
+  // The native kernel on the flagos tensors themselves (is_list_kernel_op_v): in-place and out= results are
+  // the caller's tensors, fresh ones are allocated on flagos by the kernel.
+  static Ret run_unaliased(Args&... args) {
+    c10::DeviceIndex traced = -1;
+    if (C10_UNLIKELY(runtime::profiler::tracing())) {
+      ((traced = traced >= 0 ? traced : unboxed_detail::flagos_device_of(args)), ...);
+    }
+    const c10::DispatchKeySet keys = native_memory::native().keys;
+    return NativeCall::run_unaliased(Op::name, Op::overload_name, traced,
+                                     [&]() -> Ret { return Op::redispatch(keys, args...); });
+  }
 
   static Ret run_native(Args&... args) {
     NativeCall call(NativeCall::kUnboxedKernel, unboxed_detail::UnboxedOpTraits<Op>::kOneDevice);

@@ -305,6 +305,8 @@ class BackedMode final : public RuntimeMode {
     device.key = c10::computeDispatchKey(std::nullopt, std::nullopt, c10::Device(backing_.type));
     device.host_kernels = false;
     device.kernels_check_devices = true;  // the backing device's kernels are torch's own, which check
+    // Known of torch's CUDA kernels only (tests/ops/routing/test_unboxed.py runs each such op both ways).
+    device.list_kernels_take_flagos_tensors = backing_.type == c10::DeviceType::CUDA;
     device.allocator = c10::GetAllocator(backing_.type);
     return device;
   }

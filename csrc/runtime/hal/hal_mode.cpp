@@ -88,6 +88,8 @@ class HalMode final : public RuntimeMode {
     device.key = c10::DispatchKey::CPU;
     device.host_kernels = true;
     device.kernels_check_devices = false;  // a CPU kernel takes a flagos alias and a CPU tensor alike
+    // The CPU's list kernels are composites of per-tensor ops: given flagos tensors, each would be a call.
+    device.list_kernels_take_flagos_tensors = false;
     device.allocator = c10::GetAllocator(c10::DeviceType::CPU);  // the host-kernel wrapper, once installed
     return device;
   }

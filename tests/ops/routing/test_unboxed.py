@@ -169,6 +169,28 @@ def test_other_device_tensors_are_the_same_device_error():
         torch.add(torch.ones(4, device="flagos"), torch.ones(4, device="cuda"))
 
 
+@pytest.mark.gpu  # cuda is the second device type
+def test_list_calls_over_two_devices_are_the_same_device_error(list_calls):
+    # Unaliased, CUDA's list kernel sees two devices and falls back to per-tensor ops, each a flagos call
+    # that refuses the cuda tensor; the flagos list is left as it was.
+    a = [torch.ones(4, device="flagos") for _ in range(3)]
+    b = [torch.ones(4, device="cuda") for _ in range(3)]
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_add_(a, b)
+    assert all(torch.equal(t.cpu(), torch.ones(4)) for t in a)
+
+
+def test_list_kernel_errors_name_the_op(list_calls):
+    # An error of the kernel itself (the list's length is checked above it, by autograd). When backed the call
+    # reaches the native kernel, with or without aliases; on the simulated accelerator the CPU's composite
+    # runs on the flagos tensors (its per-tensor ops are routed) and raises by itself.
+    a = [torch.ones(4, device="flagos") for _ in range(3)]
+    context = r".*while running aten::_foreach_addcmul_.Tensor on flagos" if BACKED else ""
+    with pytest.raises(RuntimeError, match=r"(?s)Expected scalars to be on CPU" + context):
+        torch._foreach_addcmul_(a, a, a, torch.ones(3, device="flagos"))
+    assert all(torch.equal(t.cpu(), torch.ones(4)) for t in a)
+
+
 def test_dispatch_log_is_the_boxed_paths(run_python):
     result = run_python(
         f"""
@@ -416,6 +438,32 @@ _LIST_CASES = {
 }
 
 
+# Tensor-list ops without unboxed kernels: their calls take the boxed path, on aliases.
+_BOXED_LIST_CASES = {
+    "_foreach_maximum_.List": lambda a, b: torch._foreach_maximum_(a, b) or a,
+    "_foreach_clamp_min_.Scalar": lambda a, b: torch._foreach_clamp_min_(a, 0.1) or a,
+    "_foreach_exp": lambda a, b: torch._foreach_exp(a),
+    "_foreach_abs_": lambda a, b: torch._foreach_abs_(a) or a,
+    "_foreach_max": lambda a, b: torch._foreach_max(a),
+    "_foreach_add.Tensor": lambda a, b: torch._foreach_add(a, b[0][0]),
+}
+
+
+@pytest.mark.parametrize("name", list(_BOXED_LIST_CASES))
+def test_boxed_list_ops_match_the_native_device(name):
+    g = torch.Generator().manual_seed(1)
+    a, b = ([torch.randn(2 + i % 4, generator=g) for i in range(30)] for _ in range(2))
+    expected = _BOXED_LIST_CASES[name]([t.clone() for t in a], [t.clone() for t in b])
+    fl_a, fl_b = [t.to("flagos") for t in a], [t.to("flagos") for t in b]
+    before = routing.counts()["native"]
+    got = _BOXED_LIST_CASES[name](fl_a, fl_b)
+    if BACKED:
+        # One native call for the whole list.
+        assert routing.counts()["native"] == before + 1, name
+    assert all(t.device.type == "flagos" for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], expected)
+
+
 def test_a_tensor_passed_twice_is_one_alias():
     # Adam's foreach step multiplies the gradients by themselves (_foreach_addcmul_(v, g, g)), and in-place
     # ops may take their own destination again (a.mul_(a)): the kernel sees one tensor twice, as on the
@@ -433,8 +481,27 @@ def test_a_tensor_passed_twice_is_one_alias():
     torch.testing.assert_close(torch.add(fl_x, fl_x, alpha=2).cpu(), x * x + 2 * x * x)
 
 
+@pytest.fixture(params=[False, True], ids=["aliased", "unaliased"])
+def list_calls(request):
+    """Runs a test with tensor-list calls on native aliases and, where the native device's list kernels take
+    flagos tensors as they are (CUDA's), once more without aliases; restores the process's setting."""
+    before = _C._unaliased_list_calls()
+    _C._set_unaliased_list_calls(request.param)
+    try:
+        if request.param and not _C._unaliased_list_calls():
+            pytest.skip("this accelerator's list kernels (host kernels) take native aliases only")
+        yield request.param
+    finally:
+        _C._set_unaliased_list_calls(before)
+
+
+def test_list_calls_pass_flagos_tensors_where_the_native_kernels_take_them():
+    # torch's CUDA list kernels take tensors of any device; the CPU's are composites of per-tensor ops.
+    assert _C._unaliased_list_calls() == (torch_fl._C._backing_type() == "cuda")
+
+
 @pytest.mark.parametrize("name", list(_LIST_CASES))
-def test_optimizer_and_fsdp_list_ops_match_the_native_device(name):
+def test_optimizer_and_fsdp_list_ops_match_the_native_device(name, list_calls):
     g = torch.Generator().manual_seed(0)
     # 24 tensors of mixed sizes: more than a call aliases without its maps.
     a, b, c = ([torch.randn(3 + i % 5, generator=g) for i in range(24)] for _ in range(3))
@@ -451,7 +518,8 @@ def test_optimizer_and_fsdp_list_ops_match_the_native_device(name):
     before = unboxed()
     got = _LIST_CASES[name](*fl_inputs)
     if BACKED:
-        # Routed directly when backed: one unboxed call for the whole list.
+        # Routed directly when backed: one unboxed call for the whole list (a list kernel that fell back to
+        # per-tensor ops on flagos tensors would make more).
         assert _C._routing_unboxed_ops()[f"aten::{name}"] == "direct"
         assert unboxed() == before + 1, name
     assert all(t.device.type == "flagos" for t in got)
