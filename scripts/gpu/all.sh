@@ -174,26 +174,29 @@ entry_points_of() {
   fi
   wait
 }
-part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to benchmarks/records/ as it is made
-  local bench
+part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to the run's records/ as it is made
+  local bench rec=$L/records
   for bench in $GPU_BENCH; do
     case $bench in
-      op_overhead) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --repeats 9 --json ;;
+      op_overhead) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --repeats 9 \
+        --json "$rec/op_overhead.jsonl" ;;
       op_overhead_qwen3) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set qwen3 \
-        --repeats 5 --json ;;
+        --repeats 5 --json "$rec/op_overhead.jsonl" ;;
       op_overhead_foreach) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set foreach \
-        --repeats 5 --json ;;
-      transfers) fg_job bench "$bench" command 120 python3 -m benchmarks.transfers --json ;;
+        --repeats 5 --json "$rec/op_overhead.jsonl" ;;
+      transfers) fg_job bench "$bench" command 120 python3 -m benchmarks.transfers --json "$rec/transfers.jsonl" ;;
       qwen3) fg_job bench "$bench" command 330 python3 -m benchmarks.qwen3 --repeats 5 \
-        --configs "native,$GEMS_CONFIG" --top-ops 12 --json ;;
+        --configs "native,$GEMS_CONFIG" --top-ops 12 --json "$rec/qwen3.jsonl" ;;
       flaggems_overhead) fg_job bench "$bench" command 60 python3 -m benchmarks.flaggems_overhead --n 200 \
-        --repeats 3 --json ;;
+        --repeats 3 --json "$rec/flaggems_overhead.jsonl" ;;
       flaggems_kernels) fg_job bench "$bench" command 120 python3 -m benchmarks.flaggems_kernels --n 20 \
-        --repeats 3 --json ;;
-      compat_overhead) fg_job bench "$bench" command 120 python3 -m benchmarks.compat_overhead --rounds 5 --json ;;
-      qwen3_compile) fg_job bench "$bench" command 560 python3 -m benchmarks.qwen3 --compile --repeats 3 --json ;;
+        --repeats 3 --json "$rec/flaggems_kernels.jsonl" ;;
+      compat_overhead) fg_job bench "$bench" command 120 python3 -m benchmarks.compat_overhead --rounds 5 \
+        --json "$rec/compat_overhead.jsonl" ;;
+      qwen3_compile) fg_job bench "$bench" command 560 python3 -m benchmarks.qwen3 --compile --repeats 3 \
+        --json "$rec/qwen3.jsonl" ;;
       compile_time) fg_job bench "$bench" command 560 python3 -m benchmarks.compile_time --part train --layers 4 \
-        --length 512 --steps 20 --json ;;
+        --length 512 --steps 20 --json "$rec/compile_time.jsonl" ;;
     esac
   done
 }
@@ -201,7 +204,7 @@ part_multi_gpu() {  # every GPU; NVLink multicast stays off (the lent machines r
   local which=" ${MULTI_GPU_PARTS:-collectives tests train} "
   if [[ $which == *" collectives "* ]]; then  # 5 alternating rounds, 1 MiB-1 GiB (~30 s)
     fg_job multi-gpu collectives command 200 python3 -m benchmarks.distributed --parts collectives --repeats 5 \
-      --json benchmarks/records/distributed.jsonl
+      --json "$L/records/distributed.jsonl"
   fi
   if [[ $which == *" tests "* ]]; then  # the NCCL tests at world size 1 and at every GPU
     pytest_job multi-gpu distributed-tests 400 tests/distributed tests/tools/test_distributed_benchmark.py -m gpu
@@ -213,7 +216,7 @@ part_multi_gpu() {  # every GPU; NVLink multicast stays off (the lent machines r
     # shellcheck disable=SC2086  # DIST_TRAIN_ARGS: several arguments
     fg_job multi-gpu train command 585 python3 -m benchmarks.distributed --parts train \
       --repeats "${DIST_REPEATS:-1}" --steps 65 --side-by-side ${DIST_TRAIN_ARGS:-} \
-      --json benchmarks/records/distributed.jsonl
+      --json "$L/records/distributed.jsonl"
   fi
 }
 part_sim() {
@@ -267,8 +270,7 @@ for part in "${parts[@]}"; do
     *) side+=("$part") ;;
   esac
 done
-# bench after the parts named before it: the records it appends to benchmarks/records/ would otherwise be in the
-# tree that the suite's records test compares with docs/performance.md.
+# bench after the parts named before it in its lane (the GPU to itself, where the lane has one).
 [ $bench = 1 ] && side+=(bench)
 lanes=$((${#side[@]} < ${#gpus[@]} ? ${#side[@]} : ${#gpus[@]}))
 cpus=$(nproc)
@@ -302,18 +304,13 @@ python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
   || { echo "error: torch sees no CUDA GPU here; these checks need one" >&2; exit 2; }
 DEST=${OUT:-gpu-logs}
 mkdir -p "$DEST"
-# The records the benchmarks append to benchmarks/records/ go into the archive's records/ (the tree here is a
-# copy on the lent machine): scripts/gpu/take-records.sh adds them to the checkout's.
-for f in benchmarks/records/*.jsonl; do echo "$(wc -l < "$f") $f"; done > "$L/records-before.txt"
+# The benchmarks write their records into the archive's records/, never into this tree, whose records the
+# suite's records test compares with docs/performance.md while a lane benchmarks beside it:
+# scripts/gpu/take-records.sh adds them to the checkout's.
+mkdir -p "$L/records"
 finish() {
-  local f before
   [ ${#lane_pids[@]} -gt 0 ] && kill "${lane_pids[@]}" 2> /dev/null  # no lane starts another process
   stop_groups
-  mkdir -p "$L/records"
-  for f in benchmarks/records/*.jsonl; do
-    before=$(awk -v f="$f" '$2 == f { print $1 }' "$L/records-before.txt")
-    [ "$(wc -l < "$f")" -gt "${before:-0}" ] && tail -n +$((${before:-0} + 1)) "$f" > "$L/records/${f##*/}"
-  done
   python3 scripts/gpu/summary.py "$L" | tee "$L/summary.txt" "$DEST/gpu_all-$name-summary.txt"
   local status=${PIPESTATUS[0]}
   rm -rf "$TMP_BASE"
