@@ -438,6 +438,17 @@ _LIST_CASES = {
 }
 
 
+@pytest.mark.gpu  # the list ops' unboxed kernels are registered where backed (composites run on sim)
+def test_every_unboxed_list_op_runs_both_ways_here():
+    # A list op added to native_unboxed.cpp runs unaliased when backed: it needs a case above, which runs it
+    # both ways (some CUDA list kernels refuse flagos tensors: the foreach reductions).
+    torch.ones(1, device="flagos")  # the device set up, which registers the direct routes
+    prefixes = ("aten::_foreach_", "aten::_chunk_cat", "aten::split_with_sizes_copy")
+    listed = {op.removeprefix("aten::") for op in _C._routing_unboxed_ops() if op.startswith(prefixes)}
+    assert listed
+    assert listed <= set(_LIST_CASES), sorted(listed - set(_LIST_CASES))
+
+
 # Tensor-list ops without unboxed kernels: their calls take the boxed path, on aliases.
 _BOXED_LIST_CASES = {
     "_foreach_maximum_.List": lambda a, b: torch._foreach_maximum_(a, b) or a,
