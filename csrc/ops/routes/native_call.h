@@ -98,10 +98,10 @@ class NativeCall {
     }
   }
 
-  // A call whose native kernel takes the flagos tensors as they are (NativeDevice::list_kernels_take_flagos_
-  // tensors): of run()'s steps only the profiler span (on `traced_device`, -1 for none) and the error
-  // context; nothing is aliased, guarded (the kernel's generated wrapper guards its tensors' device) or
-  // adopted (its results are flagos tensors already).
+  // A call whose native kernel takes the flagos tensors as they are (the list kernels that
+  // NativeDevice::list_kernels_take_flagos_tensors admits): of run()'s steps only the profiler span (on
+  // `traced_device`, -1 for none) and the error context; nothing is aliased, guarded (the kernel's generated
+  // wrapper guards its tensors' device) or adopted (its results are flagos tensors already).
   template <class Kernel>
   static decltype(auto) run_unaliased(const char* name, const char* overload, c10::DeviceIndex traced_device,
                                       Kernel&& kernel) {
