@@ -95,7 +95,7 @@ class AliasScope {
   const at::Tensor& alias(const at::Tensor& t, bool placed = true) {
     if (!t.defined()) return t;
     if (hold_args_) held_.push_back(t);
-    const c10::Device device = t.device();
+    const c10::Device device = tensor_device(t);
     if (device.type() != kFlagos) {
       // CPU tensors pass as they are (the kernel decides, as for CUDA: 0-dim CPU tensors are fine). A
       // tensor of another device (a cuda tensor next to flagos ones) is the same-device error it would
@@ -227,7 +227,7 @@ class AliasScope {
   at::Tensor adopt_result(const at::Tensor& out, at::Tensor* movable) {
     auto as_is = [&]() { return movable != nullptr ? std::move(*movable) : out; };
     if (!out.defined()) return as_is();
-    const c10::DeviceType type = out.device().type();
+    const c10::DeviceType type = tensor_device(out).type();
     if (type == kFlagos) return as_is();
     // A result that nothing else holds, over a storage that nothing else holds, is fresh: it is no argument
     // (the scope holds every alias, the caller every other argument) and no view of one's memory (a view

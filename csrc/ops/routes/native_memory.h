@@ -42,6 +42,19 @@ inline bool same_geometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
   return true;
 }
 
+// A tensor's device, read inline: libraries outside c10 get TensorImpl::device() as an out-of-line copy (its
+// error path keeps it from being inlined), a call for every argument and result of every native-route call.
+// A tensor with storage has its storage's device (TensorImpl takes it from there whenever its storage is
+// set). Tensors without storage (sparse, nested) and those that may have a device policy of their own
+// (Python wrapper subclasses, functionalization's wrappers) are asked as usual.
+inline c10::Device tensor_device(const at::Tensor& t) {
+  constexpr c10::DispatchKeySet kOwnPolicy({c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const c10::Storage& storage = impl->unsafe_storage();
+  if (C10_LIKELY(storage && !impl->key_set().has_any(kOwnPolicy))) return storage.device();
+  return t.device();
+}
+
 namespace detail {
 // runtime::native_device(), once known: one load on the hot path instead of an out-of-line call (a
 // function-local static would still cost a guard check and, being inline, a call into its one definition).
