@@ -21,10 +21,12 @@
 namespace flagos::ops {
 
 struct AliasedTensor {
-  AliasedTensor(at::Tensor&& alias, const c10::TensorImpl* caller)
-      : native(std::move(alias)), flagos(caller) {}
+  AliasedTensor(at::Tensor&& alias, const c10::TensorImpl* caller, bool views_earlier_alias = false)
+      : native(std::move(alias)), flagos(caller), views_earlier_alias(views_earlier_alias) {}
   at::Tensor native;              // the alias: the call's
   const c10::TensorImpl* flagos;  // the caller's tensor, alive through the call
+  // Made over the native storage of an earlier alias of the call (another view of the same flagos storage).
+  bool views_earlier_alias;
 };
 
 class AliasLookup {
@@ -75,8 +77,9 @@ class AliasLookup {
     }
     return nullptr;
   }
-  const at::Tensor& add_noted(at::Tensor&& native, const c10::TensorImpl* flagos) {
-    tensors_.emplace_back(std::move(native), flagos);
+  const at::Tensor& add_noted(at::Tensor&& native, const c10::TensorImpl* flagos,
+                              bool views_earlier_alias = false) {
+    tensors_.emplace_back(std::move(native), flagos, views_earlier_alias);
     if (index_ == nullptr && tensors_.size() >= kIndexedFrom) make_index(2 * kIndexedFrom);
     return tensors_.back().native;
   }

@@ -73,9 +73,20 @@ class AliasScope {
   ~AliasScope() {
     layouts_.reset();                  // first: sparse aliases and adopted members hold members' aliases
     if (recycler_ == nullptr) return;  // Python's aliases hold their memory (runtime::borrow): dropped
-    for (AliasedTensor& a : aliases_.all()) {
+    // Last to first: an alias made over an earlier alias's storage (two views of one flagos storage) goes
+    // before that alias is looked at, so that it does not count as a holder of the storage and the earlier
+    // alias is recycled as usual.
+    c10::SmallVector<AliasedTensor, 4>& aliases = aliases_.all();
+    for (size_t i = aliases.size(); i-- > 0;) {
+      AliasedTensor& a = aliases[i];
       // A quantized alias owns its borrow: dropped.
       if (C10_UNLIKELY(quantized_aliases_) && native_layouts::has_members(a.native)) continue;
+      if (a.views_earlier_alias && a.native.use_count() == 1 && a.native.weak_use_count() == 1) {
+        // Not kept by the kernel: dropped now. Whatever else holds its storage (a result viewing it, kept by
+        // the kernel) the earlier alias sees below, as a holder of the same storage.
+        a.native.reset();
+        continue;
+      }
       const c10::Storage& storage = a.native.unsafeGetTensorImpl()->unsafe_storage();
       if (!storage) continue;  // a kernel gave it another storage (set_), none of our memory
       if (a.native.use_count() != 1 || a.native.weak_use_count() != 1 || storage.use_count() != 1) {
@@ -106,15 +117,18 @@ class AliasScope {
     }
     if (placed && C10_UNLIKELY(device_ != device)) note_device(device);  // the first, or another device
     if (C10_UNLIKELY(native_layouts::has_members(t))) return alias_with_members(t);
-    at::Tensor native;
     const c10::Storage& storage = storage_of(t);
     if (const AliasedTensor* shared = aliases_.of_flagos_storage_or_note(storage.unsafeGetStorageImpl())) {
       // The same tensor again (foreach Adam's addcmul_ of the gradients by themselves): its alias again, as
       // the native kernel would see one tensor twice.
       if (shared->flagos == t.unsafeGetTensorImpl()) return shared->native;
       // Another view of a storage already aliased: one native storage, as the native kernel would see.
-      native = tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t);
-    } else if (recycler_ != nullptr) {
+      return aliases_.add_noted(
+          tensor_over(shared->native.unsafeGetTensorImpl()->unsafe_storage(), native_type_, t),
+          t.unsafeGetTensorImpl(), /*views_earlier_alias=*/true);
+    }
+    at::Tensor native;
+    if (recycler_ != nullptr) {
       native = recycler_->alias_of(t, storage, native_);
     } else {
       native = tensor_over(borrowed_storage(t.storage(), native_device_for(t.storage(), native_type_),

@@ -123,7 +123,7 @@ class NativeCall {
   c10::TensorImpl* adopt_argument(const at::Tensor& native);
   c10::IValue adopt_value(const c10::IValue& v);  // tensors and tensor lists; anything else as it is
 
-  static constexpr size_t kScopeBytes = 256;
+  static constexpr size_t kScopeBytes = 320;
 
  private:
   void enter();  // the guard and the sync before host kernels

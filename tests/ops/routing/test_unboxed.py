@@ -317,6 +317,72 @@ def test_an_alias_a_kernel_keeps_keeps_its_memory():
         lib._destroy()
 
 
+@pytest.mark.parametrize("kept", ["first view", "second view", "the second's memory"])
+def test_views_of_one_storage_a_kernel_keeps_keep_their_memory(kept):
+    # Two arguments viewing one flagos storage get one native storage (the second alias is made over the
+    # first's). The second is dropped after the call unless the kernel kept it; whichever the kernel keeps,
+    # the alias or only its memory (a detached view, which holds the storage but not the alias), must keep
+    # viewing that memory after the flagos tensor is gone.
+    stash = []
+
+    def keep(x, y):
+        stash.append({"first view": x, "second view": y, "the second's memory": y.detach()[::2]}[kept])
+        return x + y
+
+    lib = torch.library.Library("flagos_test_keep_views", "DEF")
+    try:
+        lib.define("keep(Tensor x, Tensor y) -> Tensor")
+        for key in ("CPU", "CUDA"):
+            lib.impl("keep", keep, key)
+        n = 1 << 18
+        base = torch.arange(2 * n, dtype=torch.float32, device="flagos")
+        expected = base.cpu()
+        first, second = base[:n], base[n:]
+        for _ in range(3):  # the same call again takes the aliases of the one before
+            out = torch.ops.flagos_test_keep_views.keep(first, second)
+        torch.testing.assert_close(out.cpu(), expected[:n] + expected[n:])
+        torch.flagos.synchronize()
+        before = torch.flagos.memory_allocated()
+        del base, first, second
+        # The kept alias holds the whole storage: still counted as flagos memory, and still its values.
+        others = [torch.full((2 * n,), 7.0, device="flagos") for _ in range(4)]
+        torch.flagos.synchronize()
+        assert torch.flagos.memory_allocated() >= before - 4096 + 4 * 8 * n
+        want = {
+            "first view": expected[:n],
+            "second view": expected[n:],
+            "the second's memory": expected[n::2],
+        }
+        for alias in stash:
+            torch.testing.assert_close(alias.cpu(), want[kept])
+        del others, alias, out
+        torch.flagos.synchronize()
+        held = torch.flagos.memory_allocated()
+        stash.clear()
+        torch.flagos.synchronize()
+        assert torch.flagos.memory_allocated() <= held - 4 * 2 * n
+    finally:
+        lib._destroy()
+
+
+def test_calls_on_views_of_one_storage_again_and_again():
+    # Ops whose arguments view one storage (a cache and a slice of it, in-place and out= views), called
+    # repeatedly so that each call takes the aliases the one before left: results as on the CPU.
+    k_cpu = torch.randn(1, 8, 40, 16, generator=torch.Generator().manual_seed(0))
+    x_cpu = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+    k, x = k_cpu.to("flagos"), x_cpu.to("flagos")
+    for _ in range(4):
+        torch.testing.assert_close(
+            torch.cat([k, k[:, :, :1]], dim=-2).cpu(), torch.cat([k_cpu, k_cpu[:, :, :1]], dim=-2)
+        )
+        torch.testing.assert_close(torch.mul(x[0], x[1]).cpu(), x_cpu[0] * x_cpu[1])
+        torch.add(x[0], x[1], out=x[2])
+        torch.add(x_cpu[0], x_cpu[1], out=x_cpu[2])
+        x[1].mul_(x[0])
+        x_cpu[1].mul_(x_cpu[0])
+        torch.testing.assert_close(x.cpu(), x_cpu)
+
+
 def test_recycled_aliases_take_each_calls_geometry():
     # One call after another with other dtypes, shapes, offsets, strides and view bits: each reuses the
     # aliases of the one before, which must take on the new argument's every property.
