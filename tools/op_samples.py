@@ -10,12 +10,16 @@ device's samples times that device's time per call is its nanoseconds per call. 
 call on each device under perf, the nanoseconds per call of each shared library, and the functions that
 differ most between the devices (torch_fl's own functions all appear on flagos's side).
 
+``--set model`` times whole Qwen3 steps instead (``--ops "decode step,prefill"``, make_model_steps): a model's
+gap per op call has been larger than its ops' in op_overhead, and these say in which functions it goes.
+
 Both devices run in one process, interleaved, because separate processes are not comparable here: on the
 lent GPU machine the same loop's time per call differs by up to 1.7x between fresh processes, on cuda as
 much as on flagos. perf's own interrupts slow both devices alike; op_overhead's figure, without perf, is
 the one to quote for the time an op adds.
 
     python -m tools.op_samples --ops add,gelu [--rounds 4] [--phase 1.0] [--frequency 4999] [--top 30]
+    python -m tools.op_samples --set model --ops "decode step,prefill" --phase 2
 
 ``--annotate N`` also writes perf's instruction-level listing of the N busiest torch_fl functions per op
 into ``--out``, beside perf's samples and the printed tables (``summary.txt``). Needs `perf` (or ``--perf``
@@ -238,6 +242,49 @@ def run_op(
     return result
 
 
+MODEL_STEPS = ("decode step", "prefill")
+DECODE_CACHE = 40  # tokens in the decode step's cache
+PREFILL_LENGTH = 128
+
+
+def make_model_steps(devices: tuple[str, ...]) -> dict[str, dict]:
+    """Per device, name -> a Qwen3 step, at the shape and dtype benchmarks.qwen3 runs against the first device
+    (0.6B in bfloat16 against cuda, the tiny shape in float32 against the CPU), from one set of random
+    weights: ``decode step``, one token's forward over a DECODE_CACHE-token cache, which is cropped back after
+    each call so that every call does the same work, and ``prefill``, a 1 x PREFILL_LENGTH prompt's forward to
+    the last position's logits (as generate runs them). Where a model's gap exceeds its ops' (op_overhead's
+    cases), these say in which functions."""
+    import torch
+    from transformers import DynamicCache
+
+    from harness import qwen3
+
+    reference = devices[0]
+    model = qwen3.build_model(qwen3.default_shape(reference), dtype=qwen3.default_dtype(reference))
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(vocab, (1, DECODE_CACHE), generator=g)
+    token = torch.randint(vocab, (1, 1), generator=g)
+    long_prompt = torch.randint(vocab, (1, PREFILL_LENGTH), generator=g)
+    steps = {}
+    for device in devices:
+        on_device = qwen3.copy_to(model, device)
+        cache = DynamicCache()
+        with torch.no_grad():
+            on_device(prompt.to(device), past_key_values=cache, use_cache=True)
+        ids, long_ids = token.to(device), long_prompt.to(device)
+
+        def decode(m=on_device, cache=cache, ids=ids):
+            m(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.crop(-1)  # back to DECODE_CACHE tokens
+
+        def prefill(m=on_device, ids=long_ids):
+            m(ids, logits_to_keep=1)
+
+        steps[device] = {"decode step": decode, "prefill": prefill}
+    return steps
+
+
 def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> int:
     """Calls one op in a loop on both devices: warm-up, 'ready', then (after a line on stdin) `rounds` phases
     of `phase_s` seconds on each device, in batches of 500 calls (20 of a tensor-list op) with a synchronize
@@ -249,12 +296,15 @@ def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> 
 
     torch.set_num_threads(1)
     devices = (native, "flagos")
-    if case_set in ("qwen3", "foreach"):
+    if case_set == "model":
+        fns = {d: steps[op] for d, steps in make_model_steps(devices).items()}
+    elif case_set in ("qwen3", "foreach"):
         make = op_overhead.make_qwen3_cases if case_set == "qwen3" else op_overhead.make_foreach_cases
         fns = {d: make(d)[op][0] for d in devices}
     else:
         fns = {d: op_overhead.make_cases(d)[op] for d in devices}
-    batch = 20 if case_set == "foreach" else 500  # a list op is hundreds of tensors' work
+    # Calls between synchronizes: a list op is hundreds of tensors' work, a model step an op's thousands.
+    batch = {"foreach": 20, "model": 2}.get(case_set, 500)
     phases = []
     with torch.no_grad():
         for device, fn in fns.items():
@@ -288,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ops", default="add", help="comma-separated op_overhead cases (default: add)")
     parser.add_argument(
-        "--set", choices=("tiny", "qwen3", "foreach"), default="tiny", help="op_overhead's case set"
+        "--set",
+        choices=("tiny", "qwen3", "foreach", "model"),
+        default="tiny",
+        help="op_overhead's case set, or model: Qwen3 steps (--ops 'decode step,prefill')",
     )
     parser.add_argument("--rounds", type=int, default=4, help="phases on each device (default 4)")
     parser.add_argument("--phase", type=float, default=1.0, help="seconds a phase (default 1)")
