@@ -285,9 +285,19 @@ def make_model_steps(devices: tuple[str, ...]) -> dict[str, dict]:
     return steps
 
 
+def case_names(case_set: str) -> list[str]:
+    """The names --ops takes with --set ``case_set`` (op_overhead's cases, made on the CPU to list them)."""
+    if case_set == "model":
+        return list(MODEL_STEPS)
+    from benchmarks import op_overhead
+
+    make = {"qwen3": op_overhead.make_qwen3_cases, "foreach": op_overhead.make_foreach_cases}
+    return list(make.get(case_set, op_overhead.make_cases)("cpu"))
+
+
 def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> int:
     """Calls one op in a loop on both devices: warm-up, 'ready', then (after a line on stdin) `rounds` phases
-    of `phase_s` seconds on each device, in batches of 500 calls (20 of a tensor-list op) with a synchronize
+    of `phase_s` seconds on each device, in batches of 500 calls (20 of a tensor-list op, 2 of a model step) with a synchronize
     after each, alternating which device goes first; prints the phases as JSON."""
     import torch
 
@@ -353,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perf", help="the perf command (default: .perf/perf if carried, else perf)")
     parser.add_argument("--out", type=Path, help="where perf's output goes (default: a temporary folder)")
     args = parser.parse_args(argv)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    known = case_names(args.set)
+    unknown = [op for op in ops if op not in known]
+    if unknown or not ops:
+        named = ", ".join(map(repr, unknown)) or "op"
+        parser.error(f"--ops: no {named} in --set {args.set} (its cases: {', '.join(known)})")
 
     perf = perf_command(args.perf)
     out = args.out or Path(tempfile.mkdtemp(prefix="op-samples."))
@@ -360,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch_fl
 
     native = torch_fl._C._backing_type() or "cpu"
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     with open(out / "summary.txt", "w") as summary:
 
         def say(text: str) -> None:

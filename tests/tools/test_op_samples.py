@@ -89,6 +89,18 @@ def perf_can_sample() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("case_set", "ops", "named"),
+    [("model", "add", "'add'"), ("tiny", "add,no_such_op", "'no_such_op'"), ("foreach", ",", "op")],
+)
+def test_ops_not_in_the_set_are_refused_by_name(capsys, case_set, ops, named):
+    with pytest.raises(SystemExit):
+        op_samples.main(["--set", case_set, "--ops", ops])
+    error = capsys.readouterr().err
+    assert f"--ops: no {named} in --set {case_set} (its cases: " in error
+    assert ", ".join(op_samples.case_names(case_set)) in error
+
+
 @pytest.mark.skipif(not perf_can_sample(), reason="perf cannot sample on this machine")
 @pytest.mark.parametrize(
     ("case_set", "op"), [("tiny", "add"), ("foreach", "_foreach_mul_"), ("model", "decode step")]
