@@ -76,11 +76,6 @@ namespace unboxed_detail {
 std::atomic<bool> g_unaliased_list_calls{env_flag("FLAGOS_UNALIASED_LIST_CALLS", true)};
 }  // namespace unboxed_detail
 
-bool unaliased_list_calls() {
-  return native_memory::native().list_kernels_take_flagos_tensors &&
-         unboxed_detail::g_unaliased_list_calls.load(std::memory_order_relaxed);
-}
-
 void set_unaliased_list_calls(bool on) {
   unboxed_detail::g_unaliased_list_calls.store(on, std::memory_order_relaxed);
 }

@@ -63,9 +63,8 @@ struct UnboxedOp {
 const std::vector<UnboxedOp>& unboxed_ops();
 const UnboxedOp* find_unboxed_op(const c10::OperatorName& name);
 
-// Whether the list ops' calls pass the flagos tensors to the native kernel as they are in this process (the
-// native device allows it and the switch is on), and the switch (tests and benchmarks compare both ways).
-bool unaliased_list_calls();
+// The switch of unaliased list calls (tests and benchmarks compare both ways): on unless
+// FLAGOS_UNALIASED_LIST_CALLS=0 at start.
 void set_unaliased_list_calls(bool on);
 
 namespace unboxed_detail {
@@ -346,9 +345,7 @@ constexpr bool is_list_kernel_op(const char* op_name) {
 template <class Op>
 inline constexpr bool is_list_kernel_op_v = is_list_kernel_op(Op::name);
 
-// The switch of unaliased list calls: on unless FLAGOS_UNALIASED_LIST_CALLS=0 at start;
-// set_unaliased_list_calls turns it over.
-extern std::atomic<bool> g_unaliased_list_calls;
+extern std::atomic<bool> g_unaliased_list_calls;  // set_unaliased_list_calls's switch
 
 // The flagos device of an argument's first flagos tensor, -1 when it has none.
 template <class T>
@@ -396,6 +393,13 @@ struct UnboxedOpTraits<at::_ops::copy_> {
 
 }  // namespace unboxed_detail
 
+// Whether the list ops' calls pass the flagos tensors to the native kernel as they are in this process: the
+// native device allows it and the switch is on. Inline: every list-op call asks.
+inline bool unaliased_list_calls() {
+  return native_memory::native().list_kernels_take_flagos_tensors &&
+         unboxed_detail::g_unaliased_list_calls.load(std::memory_order_relaxed);
+}
+
 template <class Op, class Schema = typename Op::schema>
 struct UnboxedKernel;
 
@@ -439,10 +443,7 @@ struct UnboxedKernel<Op, Ret(Args...)> {
       count_unboxed_native_call();
     }
     if constexpr (unboxed_detail::is_list_kernel_op_v<Op>) {
-      if (native_memory::native().list_kernels_take_flagos_tensors &&
-          unboxed_detail::g_unaliased_list_calls.load(std::memory_order_relaxed)) {
-        return run_unaliased(args...);
-      }
+      if (unaliased_list_calls()) return run_unaliased(args...);
     }
     return run_native(args...);
   }
