@@ -7,6 +7,7 @@ routed to ``native``, the boxed route (same counters as the fallback) when a rul
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -274,6 +275,21 @@ def test_kept_aliases_follow_their_tensors_memory():
         del t
 
 
+@contextlib.contextmanager
+def native_kernel_op(namespace: str, schema: str, kernel):
+    """A custom op ``namespace::<schema>`` whose CPU and CUDA kernel is the Python function ``kernel``: on
+    flagos tensors the native route runs it on their aliases, which it may keep. Yields the op."""
+    lib = torch.library.Library(namespace, "DEF")
+    try:
+        name = schema.split("(", 1)[0]
+        lib.define(schema)
+        for key in ("CPU", "CUDA"):
+            lib.impl(name, kernel, key)
+        yield getattr(getattr(torch.ops, namespace), name)
+    finally:
+        lib._destroy()
+
+
 def test_an_alias_a_kernel_keeps_keeps_its_memory():
     # The native route's aliases view their arguments' memory without holding it (the caller does, for
     # the call). A kernel that keeps an alias (here a Python kernel of a custom op stashing its input)
@@ -285,17 +301,13 @@ def test_an_alias_a_kernel_keeps_keeps_its_memory():
         kept.append(x)
         return x + 1
 
-    lib = torch.library.Library("flagos_test_keep", "DEF")
-    try:
-        lib.define("keep(Tensor x) -> Tensor")
-        for key in ("CPU", "CUDA"):
-            lib.impl("keep", keep, key)
+    with native_kernel_op("flagos_test_keep", "keep(Tensor x) -> Tensor", keep) as op:
         n = 1 << 18
         x = torch.arange(n, dtype=torch.float32, device="flagos")
         expected = x.cpu()
         torch.flagos.synchronize()
         before = torch.flagos.memory_allocated()
-        y = torch.ops.flagos_test_keep.keep(x)
+        y = op(x)
         torch.testing.assert_close(y.cpu(), expected + 1)
         del x, y
         # Memory the flagos tensor's release would have returned to the cache is taken again and written.
@@ -313,8 +325,6 @@ def test_an_alias_a_kernel_keeps_keeps_its_memory():
         del alias
         torch.flagos.synchronize()
         assert torch.flagos.memory_allocated() <= held - 4 * n
-    finally:
-        lib._destroy()
 
 
 @pytest.mark.parametrize("kept", ["first view", "second view", "the second's memory"])
@@ -322,24 +332,21 @@ def test_views_of_one_storage_a_kernel_keeps_keep_their_memory(kept):
     # Two arguments viewing one flagos storage get one native storage (the second alias is made over the
     # first's). The second is dropped after the call unless the kernel kept it; whichever the kernel keeps,
     # the alias or only its memory (a detached view, which holds the storage but not the alias), must keep
-    # viewing that memory after the flagos tensor is gone.
+    # viewing that memory after the flagos tensor is gone. A custom op runs boxed, whose stack holds the
+    # aliases to the end of the call; the unboxed path's release is tests/cpp/native_call_test.cpp's.
     stash = []
 
     def keep(x, y):
         stash.append({"first view": x, "second view": y, "the second's memory": y.detach()[::2]}[kept])
         return x + y
 
-    lib = torch.library.Library("flagos_test_keep_views", "DEF")
-    try:
-        lib.define("keep(Tensor x, Tensor y) -> Tensor")
-        for key in ("CPU", "CUDA"):
-            lib.impl("keep", keep, key)
+    with native_kernel_op("flagos_test_keep_views", "keep(Tensor x, Tensor y) -> Tensor", keep) as op:
         n = 1 << 18
         base = torch.arange(2 * n, dtype=torch.float32, device="flagos")
         expected = base.cpu()
         first, second = base[:n], base[n:]
         for _ in range(3):  # the same call again takes the aliases of the one before
-            out = torch.ops.flagos_test_keep_views.keep(first, second)
+            out = op(first, second)
         torch.testing.assert_close(out.cpu(), expected[:n] + expected[n:])
         torch.flagos.synchronize()
         before = torch.flagos.memory_allocated()
@@ -361,8 +368,6 @@ def test_views_of_one_storage_a_kernel_keeps_keep_their_memory(kept):
         stash.clear()
         torch.flagos.synchronize()
         assert torch.flagos.memory_allocated() <= held - 4 * 2 * n
-    finally:
-        lib._destroy()
 
 
 def test_calls_on_views_of_one_storage_again_and_again():
