@@ -37,17 +37,24 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/arange_ops.h>
 #include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/bitwise_and_ops.h>
+#include <ATen/ops/bitwise_not_ops.h>
+#include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/copy_ops.h>
+#include <ATen/ops/cos_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/embedding_ops.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
+#include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
+#include <ATen/ops/max_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
@@ -60,6 +67,7 @@
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
 #include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sin_ops.h>
 #include <ATen/ops/split_with_sizes_copy_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
@@ -116,12 +124,33 @@ const std::vector<UnboxedOp>& unboxed_ops() {
       unboxed_op<o::exp>(),
       unboxed_op<o::exp_>(),
       unboxed_op<o::exp_out>(),
+      unboxed_op<o::cos>(),
+      unboxed_op<o::cos_>(),
+      unboxed_op<o::cos_out>(),
+      unboxed_op<o::sin>(),
+      unboxed_op<o::sin_>(),
+      unboxed_op<o::sin_out>(),
       // Comparisons (a decoder's stopping checks, masks).
       unboxed_op<o::eq_Tensor>(),
       unboxed_op<o::eq_Scalar>(),
       unboxed_op<o::ne_Tensor>(),
       unboxed_op<o::ne_Scalar>(),
       unboxed_op<o::argmax>(),
+      unboxed_op<o::max>(),
+      // Boolean masks (a decoder's finished-sequence bookkeeping).
+      unboxed_op<o::bitwise_and_Tensor>(),
+      unboxed_op<o::bitwise_and__Tensor>(),
+      unboxed_op<o::bitwise_and_Tensor_out>(),
+      unboxed_op<o::bitwise_or_Tensor>(),
+      unboxed_op<o::bitwise_or__Tensor>(),
+      unboxed_op<o::bitwise_or_Tensor_out>(),
+      unboxed_op<o::bitwise_not>(),
+      unboxed_op<o::bitwise_not_>(),
+      unboxed_op<o::bitwise_not_out>(),
+      // Filling (full, ones, new_ones) and ranges (position ids, rotary frequencies).
+      unboxed_op<o::fill__Scalar>(),
+      unboxed_op<o::fill__Tensor>(),
+      unboxed_op<o::arange_start_out>(),
       // Selection and masking.
       unboxed_op<o::where_self>(),
       unboxed_op<o::where_self_out>(),

@@ -98,6 +98,16 @@ def test_results_match_the_native_device():
         ),
         "sum_mean": lambda t, w, b, i, m: t.sum(0) + t.mean(-1, keepdim=True),
         "pow_rsqrt_neg": lambda t, w, b, i, m: -(t.pow(2) + 1).rsqrt(),
+        # A decoder's rotary set-up and generate's per-token bookkeeping.
+        "cos": lambda t, w, b, i, m: torch.cos(t),
+        "sin": lambda t, w, b, i, m: torch.sin(t),
+        "max": lambda t, w, b, i, m: t.max(),
+        "bitwise_and": lambda t, w, b, i, m: m & (t < 0.5),
+        "bitwise_or": lambda t, w, b, i, m: m | (t < -0.5),
+        "bitwise_not": lambda t, w, b, i, m: ~m,
+        "arange": lambda t, w, b, i, m: torch.arange(3, 19, device=t.device, dtype=t.dtype),
+        "full": lambda t, w, b, i, m: torch.full((2, 3), 1.5, device=t.device),
+        "new_ones": lambda t, w, b, i, m: m.new_ones((1, 4)),
     }
     for name, fn in cases.items():
         expected = fn(x, w, b, idx, mask)
@@ -136,8 +146,8 @@ def test_python_route_gets_native_aliases_the_boxed_way():
     try:
         routing.set(ADD, "python")
         a = torch.ones(4, device="flagos")
-        before = unboxed()
         routing.reset_counts()
+        before = unboxed()
         if ADD.endswith(".out"):
             out = torch.empty(4, device="flagos")
             assert torch.add(a, a, out=out) is out
