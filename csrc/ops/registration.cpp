@@ -140,10 +140,9 @@ void set_up_for_native_device() {
   // Leaked: the registrations stay for the process (ops may run during static destruction).
   auto* lib =
       new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  lib->impl("_scaled_dot_product_fused_attention_overrideable",
-            torch::CppFunction::makeFromBoxedFunction<&kernels::flash_overrideable>());
+  lib->impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(kernels::flash_overrideable));
   lib->impl("_scaled_dot_product_fused_attention_overrideable_backward",
-            torch::CppFunction::makeFromBoxedFunction<&kernels::flash_overrideable_backward>());
+            TORCH_FN(kernels::flash_overrideable_backward));
   kernels::set_flash_attention_registered();
 }
 

@@ -14,9 +14,10 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
@@ -180,61 +181,44 @@ Tensor unpad_last_dim(const Tensor& t, int64_t size) {
   return t.defined() && t.size(-1) != size ? t.slice(-1, 0, size) : t;
 }
 
-double softmax_scale(const Tensor& query, const c10::IValue& scale) {
-  return scale.isNone() ? 1.0 / std::sqrt(static_cast<double>(query.size(-1))) : scale.toDouble();
-}
-
-const c10::OperatorHandle& flash_op(bool backward) {
-  static const c10::OperatorHandle forward =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::_scaled_dot_product_flash_attention", "");
-  static const c10::OperatorHandle grad = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "aten::_scaled_dot_product_flash_attention_backward", "");
-  return backward ? grad : forward;
+double softmax_scale(const Tensor& query, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 }
 
 }  // namespace
 
-// (query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, *, scale) ->
-// (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug_attn_mask)
-void flash_overrideable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 8);
-  const Tensor& query = args[0].toTensor();
-  TORCH_CHECK(args[3].isNone() || !args[3].toTensor().defined(),
+FlashResult flash_overrideable(const Tensor& query, const Tensor& key, const Tensor& value,
+                               const std::optional<Tensor>& attn_bias, double dropout_p, bool is_causal,
+                               bool return_debug_mask, std::optional<double> scale) {
+  TORCH_CHECK(!attn_bias.has_value() || !attn_bias->defined(),
               "flagos runs CUDA flash attention for _scaled_dot_product_fused_attention_overrideable, which "
               "takes no attn_bias");
   const int64_t head_dim = query.size(-1);
   const int64_t pad = pad_to_8(head_dim);
-  torch::jit::Stack call;
-  call.reserve(9);
-  torch::jit::push(call, pad_last_dim(query, pad), pad_last_dim(args[1].toTensor(), pad),
-                   pad_last_dim(args[2].toTensor(), pad), args[4], args[5], args[6],
-                   std::optional<double>(softmax_scale(query, args[7])));
-  flash_op(/*backward=*/false).callBoxed(call);
-  call[0] = unpad_last_dim(call[0].toTensor(), head_dim);
-  torch::jit::drop(*stack, 8);
-  stack->insert(stack->end(), std::make_move_iterator(call.begin()), std::make_move_iterator(call.end()));
+  FlashResult result = at::_ops::_scaled_dot_product_flash_attention::call(
+      pad_last_dim(query, pad), pad_last_dim(key, pad), pad_last_dim(value, pad), dropout_p, is_causal,
+      return_debug_mask, softmax_scale(query, scale));
+  std::get<0>(result) = unpad_last_dim(std::get<0>(result), head_dim);
+  return result;
 }
 
-// (grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
-//  max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale) -> (grad_q, grad_k, grad_v, grad_bias)
-void flash_overrideable_backward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 17);
-  const Tensor& query = args[1].toTensor();
+std::tuple<Tensor, Tensor, Tensor, Tensor> flash_overrideable_backward(
+    const Tensor& grad_out, const Tensor& query, const Tensor& key, const Tensor& value,
+    const Tensor& /*attn_bias*/, std::array<bool, 4> /*grad_input_mask*/, const Tensor& out,
+    const Tensor& logsumexp, const Tensor& cum_seq_q, const Tensor& cum_seq_k, c10::SymInt max_q,
+    c10::SymInt max_k, double dropout_p, bool is_causal, const Tensor& philox_seed,
+    const Tensor& philox_offset, std::optional<double> scale) {
   const int64_t head_dim = query.size(-1);
   const int64_t pad = pad_to_8(head_dim);
   // The output's padded columns are exact zeros (value's padding is zeros), as the padded output that
   // autograd keeps for CUDA tensors; the gradient's are zeros as slicing's backward makes them.
-  torch::jit::Stack call;
-  call.reserve(15);
-  torch::jit::push(call, pad_last_dim(args[0].toTensor(), pad), pad_last_dim(query, pad),
-                   pad_last_dim(args[2].toTensor(), pad), pad_last_dim(args[3].toTensor(), pad),
-                   pad_last_dim(args[6].toTensor(), pad));
-  for (size_t i = 7; i <= 15; ++i) call.push_back(args[i]);
-  call.emplace_back(std::optional<double>(softmax_scale(query, args[16])));
-  flash_op(/*backward=*/true).callBoxed(call);
-  torch::jit::drop(*stack, 17);
-  for (size_t i = 0; i < 3; ++i) stack->emplace_back(unpad_last_dim(call[i].toTensor(), head_dim));
-  stack->emplace_back(Tensor());  // flash takes no attn_bias
+  auto [grad_query, grad_key, grad_value] = at::_ops::_scaled_dot_product_flash_attention_backward::call(
+      pad_last_dim(grad_out, pad), pad_last_dim(query, pad), pad_last_dim(key, pad), pad_last_dim(value, pad),
+      pad_last_dim(out, pad), logsumexp, cum_seq_q, cum_seq_k, std::move(max_q), std::move(max_k), dropout_p,
+      is_causal, philox_seed, philox_offset, softmax_scale(query, scale));
+  // flash takes no attn_bias, so it has no gradient.
+  return {unpad_last_dim(grad_query, head_dim), unpad_last_dim(grad_key, head_dim),
+          unpad_last_dim(grad_value, head_dim), Tensor()};
 }
 
 void set_flash_attention_registered() {
