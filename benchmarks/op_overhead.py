@@ -8,6 +8,7 @@ flagos dispatch (router plus native route, or a basic kernel) adds over the nati
 
     python -m benchmarks.op_overhead [--n 2000] [--repeats 9] [--ops add,mm]
     python -m benchmarks.op_overhead --set qwen3    # the ops of a Qwen3-0.6B decode step, bf16, its shapes
+    python -m benchmarks.op_overhead --set generate # generate's per-token ops outside the model
 
 ``--set qwen3`` times what one decode step of Qwen3-0.6B runs (batch 1, one new token, a 40-token cache)
 with the model's shapes and dtype: a projection (``F.linear``: t, matmul's reshape, mm, _unsafe_view), the
@@ -19,6 +20,10 @@ overhead (the default set) and a model's (benchmarks/qwen3.py) disagree, these c
 of Qwen3-0.6B (310 of them, 64 elements each, so that the host, not the kernels, decides): AdamW's
 ``_foreach_*`` calls, ``_foreach_copy_``, FSDP2's all-gather copy-in (``_chunk_cat``) and copy-out
 (``split_with_sizes_copy``). ``diff/op`` is then per tensor of the list.
+
+``--set generate`` times the small ops Hugging Face's ``generate`` and a decoder's rotary set-up run once per
+token around the model's layers: the finished-sequence check, position ids, the rotary angles' cos and sin,
+filled tensors (``full``, ``new_ones``).
 
 Run it once with FLAGOS_LOG_DISPATCH unset (the default) and, to see what logging costs, once with it set.
 """
@@ -132,6 +137,28 @@ def make_qwen3_cases(device: str) -> dict:
     }
 
 
+def make_generate_cases(device: str) -> dict:
+    """Name -> (callable running one piece of generate's per-token work outside the layers on `device`,
+    operator calls it makes on the device)."""
+    g = torch.Generator().manual_seed(0)
+    next_token = torch.randint(1000, (1,), generator=g).to(device)
+    unfinished = torch.ones(1, dtype=torch.long).to(device)
+    angles = torch.randn(1, 1, 128, generator=g).to(device)
+    mask = torch.ones(1, 41, dtype=torch.long).to(device)
+
+    def finished_check():  # an end-of-sequence test and the unfinished-sequences update
+        done = next_token == 151645
+        return (unfinished & ~done).max()
+
+    return {
+        "finished check": (finished_check, 4),
+        "position ids": (lambda: torch.arange(40, 41, device=device), 2),
+        "rotary cos, sin": (lambda: (angles.cos(), angles.sin()), 2),
+        "full": (lambda: torch.full((1, 1), 40, device=device), 2),
+        "new_ones": (lambda: mask.new_ones((1, 1)), 2),
+    }
+
+
 def make_foreach_cases(device: str, count: int = 310) -> dict:
     """Name -> (callable running one tensor-list op over `count` tensors of `device`, tensors per list)."""
     g = torch.Generator().manual_seed(0)
@@ -186,7 +213,10 @@ SETS = {  # --set -> (what its records' details say, its metric ids' prefix)
     "tiny": ("ops on tiny tensors", ""),
     "qwen3": ("ops of a Qwen3-0.6B decode step at its shapes (bf16)", "qwen3_"),
     "foreach": ("tensor-list ops over 310 tensors (Qwen3-0.6B's parameters)", "foreach_"),
+    "generate": ("ops generate runs per token outside a decoder's layers", "generate_"),
 }
+# --set -> its cases' maker, for the sets whose cases make several operator calls.
+MAKERS = {"qwen3": make_qwen3_cases, "foreach": make_foreach_cases, "generate": make_generate_cases}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated subset of the ops")
     parser.add_argument(
         "--set",
-        choices=("tiny", "qwen3", "foreach"),
+        choices=tuple(SETS),
         default="tiny",
-        help="tiny tensors (default), a Qwen3 decode step, or tensor-list ops over 310 tensors",
+        help="tiny tensors (default), a Qwen3 decode step, tensor-list ops over 310 tensors, or generate's "
+        "per-token ops outside the model",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     records.add_json_argument(parser)
@@ -209,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     native = native_device()
-    if args.set in ("qwen3", "foreach"):
-        make = make_qwen3_cases if args.set == "qwen3" else make_foreach_cases
+    if args.set in MAKERS:
+        make = MAKERS[args.set]
         ref_cases, fl_cases = make(native), make("flagos")
         calls = {name: case[1] for name, case in ref_cases.items()}
         ref_cases = {name: case[0] for name, case in ref_cases.items()}

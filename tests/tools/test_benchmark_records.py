@@ -243,3 +243,46 @@ def test_a_benchmark_writes_its_records_to_the_file_given(tmp_path):
     ]
     assert all(r["command"] == "python -m benchmarks.compiled_allocation --n 50 --repeats 2" for r in written)
     assert all(r["range"][0] <= r["range"][1] for r in written)
+
+
+@pytest.mark.parametrize("case_set", ["qwen3", "generate"])
+def test_op_overhead_sets_run_and_record_under_their_prefix(case_set):
+    """Each op_overhead set's cases run on both devices and agree in what they return; the records are the
+    set's (qwen3_..., generate_...)."""
+    from benchmarks import op_overhead
+
+    native = op_overhead.native_device()
+    ref_cases, fl_cases = op_overhead.MAKERS[case_set](native), op_overhead.MAKERS[case_set]("flagos")
+    assert ref_cases.keys() == fl_cases.keys()
+    with torch.no_grad():
+        for name, (ref_fn, calls) in ref_cases.items():
+            assert calls >= 1, name
+            got, want = fl_cases[name][0](), ref_fn()
+            for g, w in zip(
+                torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+            ):
+                assert g.device.type == "flagos", name
+                torch.testing.assert_close(g.cpu(), w.cpu(), msg=name)
+    import subprocess
+    import sys
+
+    from harness.processes import python_env
+
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.op_overhead",
+        "--set",
+        case_set,
+        "--ops",
+        next(iter(ref_cases)),
+    ]
+    proc = subprocess.run(
+        [*command, "--n", "5", "--repeats", "1", "--json", "-"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=python_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f'"op_overhead.{case_set}_median_ratio"' in proc.stdout
