@@ -54,10 +54,10 @@ name=$(IFS=-; echo "$*")
 
 GEMS_CONFIG=${GEMS_CONFIG:-torch_fl/configs/flaggems_cuda.conf}
 SUITE_WORKERS=${SUITE_WORKERS:-8}
-GPU_BENCH=${GPU_BENCH:-op_overhead op_overhead_qwen3 op_overhead_foreach transfers qwen3 flaggems_overhead flaggems_kernels
-  compat_overhead}
+GPU_BENCH=${GPU_BENCH:-op_overhead op_overhead_qwen3 op_overhead_foreach op_overhead_generate transfers qwen3
+  flaggems_overhead flaggems_kernels compat_overhead}
 for bench in $GPU_BENCH; do
-  [[ " op_overhead op_overhead_qwen3 op_overhead_foreach transfers qwen3 flaggems_overhead flaggems_kernels \
+  [[ " op_overhead op_overhead_qwen3 op_overhead_foreach op_overhead_generate transfers qwen3 flaggems_overhead flaggems_kernels \
     compat_overhead qwen3_compile compile_time " \
     == *" $bench "* ]] || { echo "error: GPU_BENCH: no benchmark '$bench' here" >&2; exit 2; }
 done
@@ -183,6 +183,8 @@ part_bench() {  # one at a time, alone on the lane's GPU; each figure goes to th
       op_overhead_qwen3) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set qwen3 \
         --repeats 5 --json "$rec/op_overhead.jsonl" ;;
       op_overhead_foreach) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set foreach \
+        --repeats 5 --json "$rec/op_overhead.jsonl" ;;
+      op_overhead_generate) fg_job bench "$bench" command 150 python3 -m benchmarks.op_overhead --set generate \
         --repeats 5 --json "$rec/op_overhead.jsonl" ;;
       transfers) fg_job bench "$bench" command 120 python3 -m benchmarks.transfers --json "$rec/transfers.jsonl" ;;
       qwen3) fg_job bench "$bench" command 330 python3 -m benchmarks.qwen3 --repeats 5 \
