@@ -17,7 +17,9 @@ archive=${1:-}
 commit=${2:-$(git rev-parse --short HEAD)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-tar xzf "$archive" -C "$tmp" ./records 2> /dev/null || { echo "$archive holds no records/" >&2; exit 1; }
+# all.sh's archives name it ./records; one made with `tar -C DIR records` names it records.
+tar xzf "$archive" -C "$tmp" ./records 2> /dev/null || tar xzf "$archive" -C "$tmp" records 2> /dev/null ||
+  { echo "$archive holds no records/" >&2; exit 1; }
 python3 - "$tmp/records" benchmarks/records "$commit" "$relabel" <<'PY'
 import json, pathlib, sys
 
