@@ -255,19 +255,6 @@ OpEntry op_entry(const c10::OperatorHandle& op) {
   return entry_locked(r, op);
 }
 
-namespace {
-
-// "aten::mm.out" for an op whose composite kernel probably calls it.
-std::string probable_out_overload(const c10::OperatorName& name) {
-  std::string base = name.name;
-  while (!base.empty() && base.back() == '_') base.pop_back();
-  const c10::OperatorName out(base, "out");
-  if (out == name || !c10::Dispatcher::singleton().findSchema(out).has_value()) return "";
-  return op_display_name(out);
-}
-
-}  // namespace
-
 std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
   const OpEntry entry = op_entry(op);
   if (entry == OpEntry::kFallback || entry == OpEntry::kBuiltin) return "";
@@ -293,10 +280,10 @@ std::string op_entry_note(const c10::OperatorHandle& op, bool has_rule) {
            "which are routed on their own";
   }
   if (has_rule && entry == OpEntry::kRouted) return "";
-  const std::string out = probable_out_overload(op.operator_name());
+  // Which ops the composite calls is its code's business (mv's calls addmv_, clone's empty_like and copy_,
+  // a foreach op's the per-tensor op): the dispatch log shows them rather than a guess from the name.
   return std::string("no rule names it, so on flagos it runs its ") + c10::toString(key) +
-         " kernel, which calls other ops" + (out.empty() ? "" : " (probably " + out + ")") +
-         " that are routed on their own";
+         " kernel, which calls other ops that are routed on their own (FLAGOS_LOG_DISPATCH=1 shows them)";
 }
 
 void ensure_routed_kernel(const c10::OperatorHandle& op) {
