@@ -1,8 +1,8 @@
 """Where one op's host time goes, flagos against its native device, function by function: perf samples of a
 loop of the op.
 
-For each op named (benchmarks.op_overhead's cases: ``--set tiny``, ``qwen3`` or ``foreach``), one worker
-process calls it in a loop on the native device (cuda when backed, the CPU on the simulated accelerator) and
+For each op named (benchmarks.op_overhead's cases: ``--set tiny``, ``qwen3``, ``foreach`` or ``generate``), one
+worker process calls it in a loop on the native device (cuda when backed, the CPU on the simulated accelerator) and
 on flagos, in alternating phases (``--rounds`` of each, which device goes first alternating too), with autograd
 off as op_overhead runs them. perf samples the worker's CPU time (``cpu-clock``, all its threads, timestamps on
 CLOCK_MONOTONIC) while it loops, and each sample counts for the phase it fell in. A function's share of a
@@ -291,8 +291,7 @@ def case_names(case_set: str) -> list[str]:
         return list(MODEL_STEPS)
     from benchmarks import op_overhead
 
-    make = {"qwen3": op_overhead.make_qwen3_cases, "foreach": op_overhead.make_foreach_cases}
-    return list(make.get(case_set, op_overhead.make_cases)("cpu"))
+    return list(op_overhead.MAKERS.get(case_set, op_overhead.make_cases)("cpu"))
 
 
 def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> int:
@@ -308,9 +307,8 @@ def worker(native: str, op: str, case_set: str, rounds: int, phase_s: float) -> 
     devices = (native, "flagos")
     if case_set == "model":
         fns = {d: steps[op] for d, steps in make_model_steps(devices).items()}
-    elif case_set in ("qwen3", "foreach"):
-        make = op_overhead.make_qwen3_cases if case_set == "qwen3" else op_overhead.make_foreach_cases
-        fns = {d: make(d)[op][0] for d in devices}
+    elif case_set in op_overhead.MAKERS:  # cases of several operator calls: (callable, calls)
+        fns = {d: op_overhead.MAKERS[case_set](d)[op][0] for d in devices}
     else:
         fns = {d: op_overhead.make_cases(d)[op] for d in devices}
     # Calls between synchronizes: a list op is hundreds of tensors' work, a model step an op's thousands.
@@ -349,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="add", help="comma-separated op_overhead cases (default: add)")
     parser.add_argument(
         "--set",
-        choices=("tiny", "qwen3", "foreach", "model"),
+        choices=("tiny", "qwen3", "foreach", "generate", "model"),
         default="tiny",
         help="op_overhead's case set, or model: Qwen3 steps (--ops 'decode step,prefill')",
     )

@@ -103,7 +103,8 @@ def test_ops_not_in_the_set_are_refused_by_name(capsys, case_set, ops, named):
 
 @pytest.mark.skipif(not perf_can_sample(), reason="perf cannot sample on this machine")
 @pytest.mark.parametrize(
-    ("case_set", "op"), [("tiny", "add"), ("foreach", "_foreach_mul_"), ("model", "decode step")]
+    ("case_set", "op"),
+    [("tiny", "add"), ("foreach", "_foreach_mul_"), ("generate", "finished check"), ("model", "decode step")],
 )
 def test_one_op_end_to_end_on_the_native_device_and_flagos(tmp_path, capsys, case_set, op):
     argv = ["--set", case_set, "--ops", op, "--rounds", "2", "--phase", "0.3", "--out", str(tmp_path)]
